@@ -1,4 +1,4 @@
-"""The `vlcache` command line: one sub-command per job, each imported lazily."""
+"""The `vlcache` command line: one sub-command per job, each imported only when it is used."""
 
 from __future__ import annotations
 
@@ -9,22 +9,27 @@ import sys
 # name -> (module, help); each module exposes `add_arguments(parser)` and `run(args) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("vlcache.commands.generate", "answer prompts about images through the cache"),
-    "fixture": ("vlcache.fixture.cli", "build or train the trained fixture VLM"),
+    "fixture": ("vlcache.fixture.cli", "build, train or evaluate the trained fixture VLM"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vlcache", description=__doc__)
+def build_parser(command: str | None) -> argparse.ArgumentParser:
+    """The full parser for `command`; the other sub-commands are listed but not imported."""
+    parser = argparse.ArgumentParser(prog="vlcache", description="vlcache: reuse image KV "
+                                     "caches at any position in a prompt.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
-        importlib.import_module(module).add_arguments(p)
-        p.set_defaults(_module=module)
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            importlib.import_module(module).add_arguments(p)
+            p.set_defaults(_module=module)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     return int(importlib.import_module(args._module).run(args) or 0)
 
 

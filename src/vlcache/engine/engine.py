@@ -1,0 +1,296 @@
+"""The engine: requests in, answers out, images reused from the store wherever they appear."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vlcache.engine.request import Limits, Prompt, PromptBuilder
+from vlcache.engine.sampling import SamplingParams, sample
+from vlcache.engine.stats import RequestStats
+from vlcache.entry import ImageEntry
+from vlcache.models.adapter import EncodedImage, QwenVLAdapter
+from vlcache.plan import Plan
+from vlcache.reuse.decode import decode_step
+from vlcache.reuse.policy import Policy, parse_policy
+from vlcache.reuse.prefill import PrefillOutput, SegmentInput, selective_prefill
+from vlcache.stores.base import Store, open_store
+
+log = logging.getLogger("vlcache.engine")
+
+DEFAULT_POLICY = "static:0.05"
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    stats: RequestStats
+
+
+@dataclass
+class StreamDelta:
+    text: str
+    result: GenerationResult | None = None  # set on the last delta only
+
+
+@dataclass
+class PrefillRun:
+    """A prepared and prefilled request (what decoding, evaluation and profiling start from)."""
+
+    prompt: Prompt
+    positions: torch.Tensor  # [3, S]
+    output: PrefillOutput
+    stats: RequestStats
+    pending: list[tuple[str, ImageEntry]] = field(default_factory=list)  # entries to store
+
+
+class Engine:
+    """Serves one Qwen-VL model; reuses cached image entries under a reuse policy."""
+
+    def __init__(self, adapter: QwenVLAdapter, tokenizer, image_processor,
+                 store: Store | str | None = None, policy: Policy | Plan | str = DEFAULT_POLICY,
+                 kv_dtype: torch.dtype | None = None, limits: Limits | None = None) -> None:
+        self.adapter = adapter
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.store = open_store(store)
+        self.policy = parse_policy(policy)
+        self.kv_dtype = kv_dtype or adapter.dtype
+        self.limits = limits or Limits()
+        self.builder = PromptBuilder(tokenizer, image_processor, adapter.fingerprint,
+                                     self.kv_dtype, adapter.image_token_id,
+                                     adapter.tokens_for_grid, self.limits)
+        self.stop_ids = _stop_token_ids(tokenizer, adapter.model)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, store: Store | str | None = None,
+                        policy: Policy | Plan | str = DEFAULT_POLICY,
+                        dtype: torch.dtype = torch.float32, **kwargs: Any) -> Engine:
+        from vlcache.models.loading import load_checkpoint
+
+        adapter, tokenizer, processor = load_checkpoint(path, dtype=dtype)
+        return cls(adapter, tokenizer, processor, store=store, policy=policy, **kwargs)
+
+    # --- public API ---------------------------------------------------------------------------
+
+    def generate(self, messages: list[dict[str, Any]], policy: Policy | Plan | str | None = None,
+                 **sampling: Any) -> GenerationResult:
+        """Answer a chat request; `sampling` takes SamplingParams fields (max_tokens, ...)."""
+        for delta in self.stream(messages, policy=policy, **sampling):
+            if delta.result is not None:
+                return delta.result
+        raise RuntimeError("generation ended without a result")
+
+    def stream(self, messages: list[dict[str, Any]], policy: Policy | Plan | str | None = None,
+               **sampling: Any) -> Iterator[StreamDelta]:
+        """Like generate, yielding text as it is produced; the last delta carries the result."""
+        if "stop" in sampling and isinstance(sampling["stop"], str):
+            sampling["stop"] = (sampling["stop"],)
+        params = SamplingParams(**{k: tuple(v) if k == "stop" else v
+                                   for k, v in sampling.items() if v is not None})
+        yield from self._generate(messages, self._policy(policy), params)
+
+    def prefill(self, messages: list[dict[str, Any]], policy: Policy | Plan | str | None = None,
+                max_new_tokens: int = 1, keep_hidden: bool = False,
+                store_entries: bool = True) -> PrefillRun:
+        """Prepare and prefill a request (no decoding): the first-token logits and the stats."""
+        start = time.perf_counter()
+        run = self._prefill(messages, self._policy(policy), max_new_tokens, keep_hidden, start)
+        if store_entries:
+            self._store(run)
+        return run
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _policy(self, policy: Policy | Plan | str | None) -> Policy:
+        return self.policy if policy is None else parse_policy(policy)
+
+    def _generate(self, messages: list[dict[str, Any]], policy: Policy,
+                  params: SamplingParams) -> Generator[StreamDelta, None, None]:
+        start = time.perf_counter()
+        run = self._prefill(messages, policy, params.max_tokens, False, start)
+        stats = run.stats
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None \
+            else None
+        token = sample(run.output.logits, params, generator)
+        stats.ttft_s = time.perf_counter() - start
+        self._store(run)
+        decode_start = time.perf_counter()
+        tokens: list[int] = []
+        position = int(run.positions.max()) + 1
+        text, emitted, reason = "", 0, "length"
+        holdback = max((len(s) for s in params.stop), default=1) - 1
+        while True:
+            if token in self.stop_ids:
+                reason = "stop"
+                break
+            tokens.append(token)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            cut = _find_stop(text, params.stop)
+            if cut is not None:
+                text, reason = text[:cut], "stop"
+                break
+            if len(tokens) >= params.max_tokens:
+                break
+            safe = len(text) - holdback if not text.endswith("\ufffd") else emitted
+            if safe > emitted:
+                yield StreamDelta(text[emitted:safe])
+                emitted = safe
+            with torch.inference_mode():
+                logits = decode_step(self.adapter, run.output.cache, token, position)
+            position += 1
+            token = sample(logits, params, generator)
+        stats.decode_s = time.perf_counter() - decode_start
+        stats.completion_tokens = len(tokens)
+        result = GenerationResult(text, tokens, reason, stats)
+        yield StreamDelta(text[emitted:], result)
+
+    def _prefill(self, messages: list[dict[str, Any]], policy: Policy, max_new_tokens: int,
+                 keep_hidden: bool, start: float) -> PrefillRun:
+        prompt = self.builder.build(messages)
+        stats = RequestStats(policy=policy.name, prompt_tokens=int(prompt.input_ids.shape[0]),
+                             images=len(prompt.images),
+                             image_tokens=sum(im.num_tokens for im in prompt.images))
+        with torch.inference_mode():
+            encoded, entries, held = self._resolve_images(prompt, policy, stats)
+            embeds = self.adapter.embed(prompt.input_ids)  # [S, H]
+            positions = self.adapter.positions(prompt.input_ids, prompt.grid_thw)  # [3, S]
+            segments = self._segments(prompt, policy, encoded, entries, held, embeds)
+            t = time.perf_counter()
+            out = selective_prefill(self.adapter, embeds, positions, segments,
+                                    capacity=embeds.shape[0] + max_new_tokens,
+                                    keep_hidden=keep_hidden)
+            stats.prefill_s = time.perf_counter() - t
+        _account(stats, segments, out)
+        run = PrefillRun(prompt, positions, out, stats)
+        run.pending = self._new_entries(prompt, segments, out, encoded, positions)
+        stats.ttft_s = time.perf_counter() - start
+        return run
+
+    def _resolve_images(self, prompt: Prompt, policy: Policy, stats: RequestStats
+                        ) -> tuple[dict[str, EncodedImage], dict[str, ImageEntry], set[str]]:
+        """Look each distinct image up; run the vision tower once over all the misses.
+
+        Returns the encoder outputs, the usable entries, and the keys the store already holds
+        (a policy that does not read the cache must not overwrite what other requests cached).
+        """
+        entries: dict[str, ImageEntry] = {}
+        keys = list(dict.fromkeys(im.key for im in prompt.images))
+        held: set[str] = set()
+        if keys and policy.reuse_encoder:
+            t = time.perf_counter()
+            for key, entry in zip(keys, self.store.get_many(keys), strict=True):
+                if entry is not None and self._fits(entry, prompt, key):
+                    entries[key] = entry
+            stats.load_s = time.perf_counter() - t
+            held = {k for k, e in entries.items() if e.has_kv}
+        elif keys:
+            held = {k for k, c in zip(keys, self.store.contains_many(keys), strict=True) if c}
+        encoded = {k: EncodedImage(e.embeds.to(self.adapter.dtype), e.deepstack)
+                   for k, e in entries.items()}
+        missing = [next(im for im in prompt.images if im.key == k)
+                   for k in keys if k not in entries]
+        if missing:
+            t = time.perf_counter()
+            pixels = torch.cat([im.pixel_values for im in missing])
+            grids = torch.stack([im.grid_thw for im in missing])
+            for im, enc in zip(missing, self.adapter.encode_images(pixels, grids), strict=True):
+                encoded[im.key] = enc
+            stats.vision_s = time.perf_counter() - t
+        stats.images_missed = sum(im.key not in entries for im in prompt.images)
+        stats.images_hit = len(prompt.images) - stats.images_missed
+        return encoded, entries, held
+
+    def _fits(self, entry: ImageEntry, prompt: Prompt, key: str) -> bool:
+        a = self.adapter
+        n = next(im.num_tokens for im in prompt.images if im.key == key)
+        ok = tuple(entry.embeds.shape) == (n, a.hidden_size)
+        if entry.has_kv:
+            ok = ok and tuple(entry.keys.shape) == (a.num_layers, n, a.kv_heads, a.head_dim)
+        if a.architecture == "qwen3_vl":
+            ok = ok and entry.deepstack is not None
+        if not ok:
+            log.warning("cache entry %s does not match this model's shapes; treated as a miss",
+                        key[:24])
+            self.store.delete(key)
+        return ok
+
+    def _segments(self, prompt: Prompt, policy: Policy, encoded: dict[str, EncodedImage],
+                  entries: dict[str, ImageEntry], held: set[str],
+                  embeds: torch.Tensor) -> list[SegmentInput]:
+        segments, captured = [], set(held)
+        for im in prompt.images:
+            enc = encoded[im.key]
+            embeds[im.start:im.start + im.num_tokens] = enc.embeds
+            entry = entries.get(im.key)
+            seg = SegmentInput(im.start, im.num_tokens, deepstack=enc.deepstack)
+            if entry is not None and entry.has_kv and policy.reuse_kv:
+                seg.cached_keys = entry.keys.to(self.adapter.dtype)
+                seg.cached_values = entry.values.to(self.adapter.dtype)
+                seg.schedule = policy.schedule(im.num_tokens, self.adapter.num_layers)
+            elif im.key not in captured:
+                seg.capture = True
+                captured.add(im.key)
+            segments.append(seg)
+        return segments
+
+    def _new_entries(self, prompt: Prompt, segments: list[SegmentInput], out: PrefillOutput,
+                     encoded: dict[str, EncodedImage], positions: torch.Tensor
+                     ) -> list[tuple[str, ImageEntry]]:
+        pending = []
+        for i, (im, seg) in enumerate(zip(prompt.images, segments, strict=True)):
+            if i not in out.captured:
+                continue
+            keys, values = out.captured[i]
+            enc = encoded[im.key]
+            pending.append((im.key, ImageEntry(
+                embeds=enc.embeds, deepstack=enc.deepstack,
+                keys=keys.to(self.kv_dtype), values=values.to(self.kv_dtype),
+                positions=positions[:, seg.start:seg.start + seg.length].clone())))
+        return pending
+
+    def _store(self, run: PrefillRun) -> None:
+        if not run.pending:
+            return
+        t = time.perf_counter()
+        try:
+            self.store.put_many(run.pending)
+        except Exception:  # a failing store must never fail the request
+            log.exception("storing %d cache entries failed", len(run.pending))
+        run.stats.store_s = time.perf_counter() - t
+        run.pending = []
+
+
+def _account(stats: RequestStats, segments: list[SegmentInput], out: PrefillOutput) -> None:
+    reused = [s for s in segments if s.reused]
+    layers = max(len(out.computed_per_layer), 1)
+    stats.images_kv_reused = len(reused)
+    stats.computed_per_layer = out.computed_per_layer
+    computed = sum(sum(c) for c in out.reused_computed) / layers
+    stats.image_tokens_recomputed = computed
+    stats.image_tokens_reused = sum(s.length for s in reused) - computed
+
+
+def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    hits = [text.find(s) for s in stops if s and s in text]
+    return min(hits) if hits else None
+
+
+def _stop_token_ids(tokenizer, model) -> set[int]:
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None)
+    ids.update(eos if isinstance(eos, list) else [eos])
+    for tok in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return {i for i in ids if i is not None}

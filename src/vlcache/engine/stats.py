@@ -1,0 +1,34 @@
+"""Per-request statistics: what was reused, what was computed, where the time went."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class RequestStats:
+    policy: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    images: int = 0
+    images_hit: int = 0  # encoder entry taken from the store (vision tower skipped)
+    images_kv_reused: int = 0  # KV entry reused at the new position
+    images_missed: int = 0  # vision tower run
+    image_tokens: int = 0
+    image_tokens_reused: float = 0.0  # KV-reused image tokens, averaged over layers
+    image_tokens_recomputed: float = 0.0  # of the reused images' tokens, computed (layer mean)
+    computed_per_layer: list[int] = field(default_factory=list)  # |C_l|
+    vision_s: float = 0.0
+    load_s: float = 0.0  # reading entries from the store
+    prefill_s: float = 0.0
+    store_s: float = 0.0  # writing new entries
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def cached_tokens(self) -> int:
+        """Reused image tokens, as OpenAI's usage.prompt_tokens_details.cached_tokens."""
+        return int(round(self.image_tokens_reused))
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "cached_tokens": self.cached_tokens}

@@ -1,0 +1,80 @@
+"""Content keys: what makes two images (and two models) the same for the cache."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import blake3
+import numpy as np
+import torch
+
+KEY_VERSION = "v1"
+
+
+@dataclass(frozen=True)
+class ModelFingerprint:
+    """Architecture + weights identity, with a stable string form."""
+
+    architecture: str
+    weights: str  # full-length blake3 hex digest of the config and weight files (or state dict)
+
+    def __str__(self) -> str:
+        return f"{self.architecture}@{self.weights}"
+
+    @classmethod
+    def parse(cls, text: str) -> ModelFingerprint:
+        arch, _, digest = text.partition("@")
+        if not arch or not digest:
+            raise ValueError(f"not a model fingerprint: {text!r}")
+        return cls(arch, digest)
+
+
+def fingerprint_directory(path: str | os.PathLike, architecture: str) -> ModelFingerprint:
+    """Hash config.json and every weight file of a checkpoint directory (contents, full length)."""
+    root = Path(path)
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    files = [root / "config.json"] + sorted(
+        p for p in root.iterdir() if p.suffix in {".safetensors", ".bin", ".gguf"}
+    )
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        h.update_mmap(str(f))
+    return ModelFingerprint(architecture, h.hexdigest())
+
+
+def fingerprint_module(model: torch.nn.Module, architecture: str) -> ModelFingerprint:
+    """Hash a model's config and state dict (for models built in memory, e.g. in tests)."""
+    h = blake3.blake3()
+    config = getattr(model, "config", None)
+    if config is not None:
+        h.update(json.dumps(config.to_dict(), sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode() + b"\0")
+        h.update(tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+    return ModelFingerprint(architecture, h.hexdigest())
+
+
+def image_key(
+    pixel_values: torch.Tensor,  # [P, C*T*ps*ps] preprocessed patches of one image
+    grid_thw: torch.Tensor,  # [3]
+    processor_settings: dict[str, object],
+    model: ModelFingerprint,
+    kv_dtype: torch.dtype,
+) -> str:
+    """Full-length blake3 over everything that shapes an image's cached tensors."""
+    h = blake3.blake3()
+    header = {
+        "version": KEY_VERSION,
+        "grid": [int(x) for x in grid_thw.tolist()],
+        "processor": processor_settings,
+        "model": str(model),
+        "kv_dtype": str(kv_dtype),
+        "pixel_dtype": str(pixel_values.dtype),
+        "pixel_shape": list(pixel_values.shape),
+    }
+    h.update(json.dumps(header, sort_keys=True, default=str).encode())
+    h.update(np.ascontiguousarray(pixel_values.detach().cpu().numpy()).tobytes())
+    return f"img-{h.hexdigest()}"

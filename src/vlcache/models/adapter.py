@@ -1,0 +1,135 @@
+"""One adapter over the Qwen2-VL, Qwen2.5-VL and Qwen3-VL models of `transformers`.
+
+It exposes the pieces the selective prefill needs and nothing else: the vision tower, the model's
+own M-RoPE positions (`get_rope_index`) and rotary tables, and per-layer halves (input norm + QKV,
+then output projection + MLP) so the reuse loop can run each layer on any subset of tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vlcache.keys import ModelFingerprint
+
+SUPPORTED_ARCHITECTURES = {
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+}
+
+
+@dataclass
+class EncodedImage:
+    embeds: torch.Tensor  # [N, H]
+    deepstack: torch.Tensor | None  # [D, N, H] (Qwen3-VL) or None
+
+
+class QwenVLAdapter:
+    """Wraps a loaded HF Qwen-VL model; all tensors are for a single sequence (no batch dim)."""
+
+    def __init__(self, model: torch.nn.Module, fingerprint: ModelFingerprint) -> None:
+        config = model.config
+        if config.model_type not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {config.model_type!r}")
+        text = config.text_config
+        if getattr(text, "use_sliding_window", False):
+            raise ValueError("sliding-window attention checkpoints are not supported")
+        self.model = model
+        self.fingerprint = fingerprint
+        self.architecture: str = config.model_type
+        lm = model.model.language_model
+        self.layers = lm.layers
+        self.norm = lm.norm
+        self.embed_tokens = lm.embed_tokens
+        self.rotary = lm.rotary_emb
+        self.lm_head = model.lm_head
+        self.visual = model.model.visual
+        attn = self.layers[0].self_attn
+        self.num_layers: int = len(self.layers)
+        self.hidden_size: int = text.hidden_size
+        self.num_heads: int = text.num_attention_heads
+        self.kv_heads: int = text.num_key_value_heads
+        self.head_dim: int = attn.head_dim
+        self.scaling: float = attn.scaling
+        self.qk_norm: bool = hasattr(attn, "k_norm")
+        self.image_token_id: int = config.image_token_id
+        self.vision_start_id: int = config.vision_start_token_id
+        self.vision_end_id: int = config.vision_end_token_id
+        self.dtype: torch.dtype = next(model.parameters()).dtype
+        self.device: torch.device = next(model.parameters()).device
+
+    # --- vision -----------------------------------------------------------------------------
+
+    def encode_images(
+        self,
+        pixel_values: torch.Tensor,  # [P_total, C*T*ps*ps] patches of all images, concatenated
+        grid_thw: torch.Tensor,  # [I, 3]
+    ) -> list[EncodedImage]:
+        out = self.model.model.get_image_features(
+            pixel_values.to(self.device), grid_thw.to(self.device), return_dict=True
+        )
+        deep = getattr(out, "deepstack_features", None)
+        images = []
+        for i, embeds in enumerate(out.pooler_output):
+            ds = torch.stack([d[i] for d in deep]) if deep else None
+            images.append(EncodedImage(embeds.to(self.dtype), ds))
+        return images
+
+    def tokens_for_grid(self, grid_thw: torch.Tensor) -> int:
+        merge = self.model.config.vision_config.spatial_merge_size
+        return int(grid_thw.prod()) // (merge * merge)
+
+    # --- positions ----------------------------------------------------------------------------
+
+    def positions(
+        self,
+        input_ids: torch.Tensor,  # [S]
+        grid_thw: torch.Tensor | None,  # [I, 3]
+    ) -> torch.Tensor:  # [3, S]
+        """M-RoPE positions from the model's own get_rope_index (text-only: 0..S-1 on all axes)."""
+        is_image = input_ids == self.image_token_id
+        if grid_thw is None or not bool(is_image.any()):
+            return torch.arange(input_ids.shape[0], device=input_ids.device).expand(3, -1)
+        pos, _ = self.model.model.get_rope_index(
+            input_ids[None], mm_token_type_ids=is_image.int()[None], image_grid_thw=grid_thw
+        )
+        return pos[:, 0]
+
+    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [S, head_dim] for 3-axis positions [3, S], as the model computes them."""
+        dummy = torch.empty(0, dtype=self.dtype, device=self.device)
+        cos, sin = self.rotary(dummy, positions[:, None, :].to(self.device))
+        return cos[0], sin[0]
+
+    # --- one decoder layer in two halves ------------------------------------------------------
+
+    def qkv(
+        self, layer: int, x: torch.Tensor  # [c, H]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [c,nh,d], [c,kvh,d], [c,kvh,d]
+        """Input norm and Q/K/V projections (plus per-head q/k norms where the model has them)."""
+        block = self.layers[layer]
+        attn = block.self_attn
+        xn = block.input_layernorm(x)
+        c = x.shape[0]
+        q = attn.q_proj(xn).view(c, self.num_heads, self.head_dim)
+        k = attn.k_proj(xn).view(c, self.kv_heads, self.head_dim)
+        v = attn.v_proj(xn).view(c, self.kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        return q, k, v
+
+    def finish(
+        self, layer: int, x: torch.Tensor, attn_out: torch.Tensor  # [c, H], [c, nh*d]
+    ) -> torch.Tensor:  # [c, H]
+        """Output projection, residual, post-attention norm, MLP, residual."""
+        block = self.layers[layer]
+        h = x + block.self_attn.o_proj(attn_out)
+        return h + block.mlp(block.post_attention_layernorm(h))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:  # [c, H] -> [c, V]
+        return self.lm_head(self.norm(h)).float()
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [S] -> [S, H]
+        return self.embed_tokens(input_ids.to(self.device))

@@ -1,0 +1,82 @@
+"""A recompute plan: per-layer ratios of each reused image's tokens to compute (SPEC §1, §3)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PLAN_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Per-layer recompute ratios r_1 >= r_2 >= ... >= r_L, each in [0, 1].
+
+    The monotone order is what makes selective prefill well defined: a token computed at layer
+    l+1 was computed at layer l, so its layer-l output exists. `meta` carries provenance
+    (model fingerprint, budget, grid, the sensitivity table, the dataset) and is kept verbatim.
+    """
+
+    ratios: tuple[float, ...]
+    name: str = "plan"
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.ratios:
+            raise ValueError("a plan needs at least one layer")
+        for i, r in enumerate(self.ratios):
+            if not (0.0 <= r <= 1.0) or math.isnan(r):
+                raise ValueError(f"plan ratio at layer {i} is {r}, outside [0, 1]")
+        for i in range(1, len(self.ratios)):
+            if self.ratios[i] > self.ratios[i - 1] + 1e-12:
+                raise ValueError(
+                    f"plan ratios must not increase with depth: layer {i} has {self.ratios[i]} > "
+                    f"layer {i - 1}'s {self.ratios[i - 1]}"
+                )
+
+    @classmethod
+    def uniform(cls, ratio: float, num_layers: int, name: str | None = None) -> Plan:
+        return cls(tuple([float(ratio)] * num_layers), name=name or f"static:{ratio:g}")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.ratios)
+
+    @property
+    def budget(self) -> float:
+        """Mean ratio over layers: the share of a reused image's token-layers that is computed."""
+        return sum(self.ratios) / len(self.ratios)
+
+    def tokens_at(self, layer: int, num_tokens: int) -> int:
+        """How many of an image's N tokens (in position order) layer `layer` computes."""
+        return min(num_tokens, math.ceil(self.ratios[layer] * num_tokens - 1e-9))
+
+    def to_json(self) -> str:
+        body = {"format": PLAN_FORMAT, "name": self.name, "ratios": list(self.ratios),
+                "budget": self.budget, **{k: v for k, v in self.meta.items()}}
+        return json.dumps(body, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        body = json.loads(text)
+        if not isinstance(body, dict) or "ratios" not in body:
+            raise ValueError("not a vlcache plan: no 'ratios'")
+        if body.get("format", PLAN_FORMAT) != PLAN_FORMAT:
+            raise ValueError(f"plan format {body.get('format')} is not supported")
+        meta = {k: v for k, v in body.items() if k not in {"format", "name", "ratios", "budget"}}
+        return cls(tuple(float(r) for r in body["ratios"]), name=body.get("name", "plan"),
+                   meta=meta)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ValueError(f"cannot read plan file {path}: {e.strerror}") from e
+        return cls.from_json(text)

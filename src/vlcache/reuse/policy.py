@@ -1,0 +1,138 @@
+"""Reuse policies: which cached parts a hit may use and which of its tokens each layer computes.
+
+Every policy (full, encoder, naive, static, and later the profiled plan and the baselines of
+SPEC §4) answers two questions through one interface: may a hit take the encoder entry and the KV
+entry, and, layer by layer, which of a reused image's tokens are computed. The selection at layer
+l+1 must be a subset of the one at layer l (a token's layer-l output must exist to compute it at
+l+1); the prefill loop checks this.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from vlcache.plan import Plan
+
+
+@dataclass
+class LayerProbe:
+    """What a schedule may look at when it chooses layer `layer`'s tokens for one segment."""
+
+    layer: int
+    previous: torch.Tensor  # [c] sorted local indices computed at layer-1 (all N at layer 0)
+    # Lazily computes ||K_fresh - K_cached||^2 (pre-RoPE, summed over heads) for `previous`: [c]
+    deviation: Callable[[], torch.Tensor]
+
+
+class TokenSchedule(ABC):
+    """Per-segment, per-request token choice; created fresh for each reused segment."""
+
+    @abstractmethod
+    def select(self, layer: int, probe: LayerProbe) -> torch.Tensor:
+        """Sorted local indices (int64) to compute at `layer`, a subset of `probe.previous`."""
+
+
+class Policy(ABC):
+    """A named reuse rule. `reuse_encoder`/`reuse_kv` say which cached parts a hit may use."""
+
+    name: str
+    reuse_encoder: bool = True
+    reuse_kv: bool = True
+
+    @abstractmethod
+    def schedule(self, num_tokens: int, num_layers: int) -> TokenSchedule: ...
+
+    def __repr__(self) -> str:
+        return f"<policy {self.name}>"
+
+
+class _PrefixSchedule(TokenSchedule):
+    """Computes the first `counts[l]` tokens (in position order) at layer l."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.counts = counts
+
+    def select(self, layer: int, probe: LayerProbe) -> torch.Tensor:
+        return torch.arange(self.counts[layer], dtype=torch.long)
+
+
+class RatioPolicy(Policy):
+    """Follows a Plan: layer l computes the first ceil(r_l * N) tokens of each reused image."""
+
+    def __init__(self, plan: Plan, name: str | None = None) -> None:
+        self.plan = plan
+        self.name = name or plan.name
+
+    def schedule(self, num_tokens: int, num_layers: int) -> TokenSchedule:
+        if self.plan.num_layers != num_layers:
+            raise ValueError(
+                f"plan {self.name!r} has {self.plan.num_layers} layers, the model has {num_layers}"
+            )
+        return _PrefixSchedule([self.plan.tokens_at(layer, num_tokens)
+                                for layer in range(num_layers)])
+
+
+class UniformPolicy(Policy):
+    """The same ratio at every layer, for any depth (static:R; naive is static:0)."""
+
+    def __init__(self, ratio: float, name: str | None = None) -> None:
+        if not 0.0 <= ratio <= 1.0:
+            raise ValueError(f"static ratio must be in [0, 1], got {ratio}")
+        self.ratio = ratio
+        self.name = name or f"static:{ratio:g}"
+
+    def schedule(self, num_tokens: int, num_layers: int) -> TokenSchedule:
+        plan = Plan.uniform(self.ratio, num_layers)
+        return _PrefixSchedule([plan.tokens_at(layer, num_tokens) for layer in range(num_layers)])
+
+
+class FullPolicy(Policy):
+    """No reuse at all: vision tower and full prefill (what a user runs today)."""
+
+    name = "full"
+    reuse_encoder = False
+    reuse_kv = False
+
+    def schedule(self, num_tokens: int, num_layers: int) -> TokenSchedule:
+        raise RuntimeError("the full policy never reuses KV")
+
+
+class EncoderPolicy(FullPolicy):
+    """Reuse the vision-tower output only; the LLM prefill is full."""
+
+    name = "encoder"
+    reuse_encoder = True
+
+
+def _parse_ratio(spec: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"policy {spec!r}: {text!r} is not a number") from None
+
+
+def parse_policy(spec: str | Policy | Plan) -> Policy:
+    """'full' | 'encoder' | 'naive' | 'static:R' | 'plan:FILE.json' (or a Policy/Plan value)."""
+    if isinstance(spec, Policy):
+        return spec
+    if isinstance(spec, Plan):
+        return RatioPolicy(spec)
+    name, _, arg = spec.strip().partition(":")
+    if name == "full" and not arg:
+        return FullPolicy()
+    if name == "encoder" and not arg:
+        return EncoderPolicy()
+    if name == "naive" and not arg:
+        return UniformPolicy(0.0, name="naive")
+    if name == "static" and arg:
+        return UniformPolicy(_parse_ratio(spec, arg))
+    if name in {"plan", "vlcache"} and arg:
+        plan = Plan.load(arg)
+        return RatioPolicy(plan, name=f"{name}:{arg}")
+    raise ValueError(
+        f"unknown policy {spec!r}: expected full, encoder, naive, static:R or plan:FILE.json"
+    )
