@@ -11,7 +11,7 @@ import torch
 
 from vlcache.entry import ImageEntry
 from vlcache.stores import kvdtype
-from vlcache.stores.base import Store, parse_bytes, parse_options
+from vlcache.stores.base import Store, log, parse_bytes, parse_options
 
 DEFAULT_MAX_BYTES = 2 * 10**9
 
@@ -58,8 +58,9 @@ class MemoryStore(Store):
     def put(self, key: str, entry: ImageEntry) -> None:
         tensors, meta = kvdtype.pack(entry, self.kv_dtype)
         size = sum(t.numel() * t.element_size() for t in tensors.values())
-        if size > self.max_bytes:
-            return  # larger than the whole budget: caching it would only evict everything else
+        if size > self.max_bytes:  # caching it would only evict everything else
+            log.debug("memory store: %s (%d bytes) exceeds max_bytes", key, size)
+            return
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
