@@ -159,6 +159,12 @@ class DiskStore(Store):
                     os.fsync(f.fileno())
             os.chmod(tmp, 0o644)  # mkstemp makes it private; other readers share the cache
             os.replace(tmp, path)
+            if self.fsync:  # the rename itself survives power loss once the directory is synced
+                dir_fd = os.open(self.root, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
         except BaseException:
             try:
                 os.unlink(tmp)
