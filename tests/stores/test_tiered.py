@@ -55,6 +55,7 @@ def test_redis_killed_mid_run_memory_keeps_serving_then_reconnects(
     assert same(store.get("img-b"), b)
     assert store.get("img-c") is None  # a miss everywhere, no exception
     assert redis_tier.stats.errors >= 1 and not redis_tier.available
+    assert store.stats.errors == redis_tier.stats.errors  # what the metrics exporter reads
     assert "unreachable" in caplog.text
 
     server.start()  # same port, empty

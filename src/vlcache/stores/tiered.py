@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from vlcache.entry import ImageEntry
-from vlcache.stores.base import Store
+from vlcache.stores.base import Store, StoreStats
 
 
 class TieredStore(Store):
@@ -32,6 +32,21 @@ class TieredStore(Store):
         self.address = "+".join(t.address for t in self.tiers)
 
     @property
+    def stats(self) -> StoreStats:
+        """Whole lookups (hits, misses, puts); faults, evictions and bytes summed over the tiers,
+        so that one exporter reading `store.stats` also sees e.g. a Redis tier's errors."""
+        merged = StoreStats(hits=self._own.hits, misses=self._own.misses, puts=self._own.puts)
+        for tier in self.tiers:
+            for name in ("corrupt", "errors", "unavailable", "evictions", "bytes_read",
+                         "bytes_written"):
+                setattr(merged, name, getattr(merged, name) + getattr(tier.stats, name))
+        return merged
+
+    @stats.setter
+    def stats(self, value: StoreStats) -> None:
+        self._own = value
+
+    @property
     def front(self) -> Store:
         return self.tiers[0]
 
@@ -45,15 +60,15 @@ class TieredStore(Store):
             if entry is not None:
                 for faster in self.tiers[:i]:
                     faster.put(key, entry)
-                self.stats.hits += 1
+                self._own.hits += 1
                 return entry
-        self.stats.misses += 1
+        self._own.misses += 1
         return None
 
     def put(self, key: str, entry: ImageEntry) -> None:
         for tier in self.tiers:
             tier.put(key, entry)
-        self.stats.puts += 1
+        self._own.puts += 1
 
     def contains(self, key: str) -> bool:
         return any(tier.contains(key) for tier in self.tiers)
