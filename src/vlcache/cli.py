@@ -10,6 +10,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("vlcache.commands.generate", "answer prompts about images through the cache"),
     "fixture": ("vlcache.fixture.cli", "build, train or evaluate the trained fixture VLM"),
+    "profile": ("vlcache.commands.profile", "measure layer sensitivity and write a recompute plan"),
+    "eval": ("vlcache.commands.evaluate", "compare reuse policies against full recompute"),
 }
 
 

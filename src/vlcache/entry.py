@@ -20,6 +20,9 @@ class ImageEntry:
     keys: torch.Tensor | None = None  # [L, N, kv_heads, head_dim] pre-RoPE
     values: torch.Tensor | None = None  # [L, N, kv_heads, head_dim]
     positions: torch.Tensor | None = None  # [3, N] M-RoPE positions the KV was computed at
+    # [32] uint8 blake3 of everything before the image when its KV was computed (token ids and
+    # earlier images' keys): what exact prefix caching compares against
+    context: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = self.embeds.shape[0]
@@ -44,7 +47,7 @@ class ImageEntry:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The entry's tensors by name (absent parts left out); the inverse is `from_tensors`."""
-        names = ("embeds", "deepstack", "keys", "values", "positions")
+        names = ("embeds", "deepstack", "keys", "values", "positions", "context")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     @classmethod

@@ -20,6 +20,7 @@ from vlcache.plan import Plan
 from vlcache.reuse.decode import decode_step
 from vlcache.reuse.policy import Policy, parse_policy
 from vlcache.reuse.prefill import PrefillOutput, SegmentInput, selective_prefill
+from vlcache.reuse.prefix import context_digest
 from vlcache.stores.base import Store, open_store
 
 log = logging.getLogger("vlcache.engine")
@@ -100,10 +101,16 @@ class Engine:
 
     def prefill(self, messages: list[dict[str, Any]], policy: Policy | Plan | str | None = None,
                 max_new_tokens: int = 1, keep_hidden: bool = False,
-                store_entries: bool = True) -> PrefillRun:
-        """Prepare and prefill a request (no decoding): the first-token logits and the stats."""
+                store_entries: bool = True, capture: bool = False) -> PrefillRun:
+        """Prepare and prefill a request (no decoding): the first-token logits and the stats.
+
+        `capture=True` records in `output.captured` the pre-RoPE KV, in this context, of every
+        image the run computes in full, also of images the store already holds (the profiler
+        needs the exact KV of the evaluated context); only images the store lacks are stored.
+        """
         start = time.perf_counter()
-        run = self._prefill(messages, self._policy(policy), max_new_tokens, keep_hidden, start)
+        run = self._prefill(messages, self._policy(policy), max_new_tokens, keep_hidden, start,
+                            capture)
         if store_entries:
             self._store(run)
         return run
@@ -116,7 +123,7 @@ class Engine:
     def _generate(self, messages: list[dict[str, Any]], policy: Policy,
                   params: SamplingParams) -> Generator[StreamDelta, None, None]:
         start = time.perf_counter()
-        run = self._prefill(messages, policy, params.max_tokens, False, start)
+        run = self._prefill(messages, policy, params.max_tokens, False, start, False)
         stats = run.stats
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None \
             else None
@@ -154,7 +161,7 @@ class Engine:
         yield StreamDelta(text[emitted:], result)
 
     def _prefill(self, messages: list[dict[str, Any]], policy: Policy, max_new_tokens: int,
-                 keep_hidden: bool, start: float) -> PrefillRun:
+                 keep_hidden: bool, start: float, capture: bool) -> PrefillRun:
         prompt = self.builder.build(messages)
         stats = RequestStats(policy=policy.name, prompt_tokens=int(prompt.input_ids.shape[0]),
                              images=len(prompt.images),
@@ -163,7 +170,11 @@ class Engine:
             encoded, entries, held = self._resolve_images(prompt, policy, stats)
             embeds = self.adapter.embed(prompt.input_ids)  # [S, H]
             positions = self.adapter.positions(prompt.input_ids, prompt.grid_thw)  # [3, S]
-            segments = self._segments(prompt, policy, encoded, entries, held, embeds)
+            contexts = [context_digest(prompt.input_ids, im.start,
+                                       [e.key for e in prompt.images[:i]])
+                        for i, im in enumerate(prompt.images)]
+            segments = self._segments(prompt, policy, encoded, entries, held, embeds, contexts,
+                                      capture)
             t = time.perf_counter()
             out = selective_prefill(self.adapter, embeds, positions, segments,
                                     capacity=embeds.shape[0] + max_new_tokens,
@@ -171,7 +182,8 @@ class Engine:
             stats.prefill_s = time.perf_counter() - t
         _account(stats, segments, out)
         run = PrefillRun(prompt, positions, out, stats)
-        run.pending = self._new_entries(prompt, segments, out, encoded, positions)
+        run.pending = self._new_entries(prompt, segments, out, encoded, positions, contexts,
+                                        held)
         stats.ttft_s = time.perf_counter() - start
         return run
 
@@ -224,37 +236,41 @@ class Engine:
         return ok
 
     def _segments(self, prompt: Prompt, policy: Policy, encoded: dict[str, EncodedImage],
-                  entries: dict[str, ImageEntry], held: set[str],
-                  embeds: torch.Tensor) -> list[SegmentInput]:
+                  entries: dict[str, ImageEntry], held: set[str], embeds: torch.Tensor,
+                  contexts: list[torch.Tensor], capture: bool) -> list[SegmentInput]:
         segments, captured = [], set(held)
-        for im in prompt.images:
+        for im, context in zip(prompt.images, contexts, strict=True):
             enc = encoded[im.key]
             embeds[im.start:im.start + im.num_tokens] = enc.embeds
             entry = entries.get(im.key)
             seg = SegmentInput(im.start, im.num_tokens, deepstack=enc.deepstack)
-            if entry is not None and entry.has_kv and policy.reuse_kv:
+            if (entry is not None and entry.has_kv and policy.reuse_kv
+                    and policy.may_reuse(entry.context, context)):
                 seg.cached_keys = entry.keys.to(self.adapter.dtype)
                 seg.cached_values = entry.values.to(self.adapter.dtype)
                 seg.schedule = policy.schedule(im.num_tokens, self.adapter.num_layers)
-            elif im.key not in captured:
+            elif capture or im.key not in captured:
                 seg.capture = True
                 captured.add(im.key)
             segments.append(seg)
         return segments
 
     def _new_entries(self, prompt: Prompt, segments: list[SegmentInput], out: PrefillOutput,
-                     encoded: dict[str, EncodedImage], positions: torch.Tensor
+                     encoded: dict[str, EncodedImage], positions: torch.Tensor,
+                     contexts: list[torch.Tensor], held: set[str]
                      ) -> list[tuple[str, ImageEntry]]:
-        pending = []
+        pending, done = [], set(held)
         for i, (im, seg) in enumerate(zip(prompt.images, segments, strict=True)):
-            if i not in out.captured:
+            if i not in out.captured or im.key in done:
                 continue
+            done.add(im.key)
             keys, values = out.captured[i]
             enc = encoded[im.key]
             pending.append((im.key, ImageEntry(
                 embeds=enc.embeds, deepstack=enc.deepstack,
                 keys=keys.to(self.kv_dtype), values=values.to(self.kv_dtype),
-                positions=positions[:, seg.start:seg.start + seg.length].clone())))
+                positions=positions[:, seg.start:seg.start + seg.length].clone(),
+                context=contexts[i])))
         return pending
 
     def _store(self, run: PrefillRun) -> None:

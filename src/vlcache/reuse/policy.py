@@ -1,10 +1,10 @@
 """Reuse policies: which cached parts a hit may use and which of its tokens each layer computes.
 
-Every policy (full, encoder, naive, static, and later the profiled plan and the baselines of
-SPEC §4) answers two questions through one interface: may a hit take the encoder entry and the KV
-entry, and, layer by layer, which of a reused image's tokens are computed. The selection at layer
-l+1 must be a subset of the one at layer l (a token's layer-l output must exist to compute it at
-l+1); the prefill loop checks this.
+Every policy (full, encoder, naive, static, the profiled plan here; the baselines of SPEC §4 in
+prefix.py, epic.py and blend.py) answers two questions through one interface: may a hit take the
+encoder entry and the KV entry, and, layer by layer, which of a reused image's tokens are
+computed. The selection at layer l+1 must be a subset of the one at layer l (a token's layer-l
+output must exist to compute it at l+1); the prefill loop checks this.
 """
 
 from __future__ import annotations
@@ -45,6 +45,12 @@ class Policy(ABC):
 
     @abstractmethod
     def schedule(self, num_tokens: int, num_layers: int) -> TokenSchedule: ...
+
+    def may_reuse(self, cached_context: torch.Tensor | None, context: torch.Tensor) -> bool:
+        """Whether a KV entry computed after `cached_context` may serve an image whose prefix
+        digest is now `context` (both [32] uint8; see reuse/prefix.py). Position-independent
+        policies say yes; exact prefix caching compares."""
+        return True
 
     def __repr__(self) -> str:
         return f"<policy {self.name}>"
@@ -115,8 +121,34 @@ def _parse_ratio(spec: str, text: str) -> float:
         raise ValueError(f"policy {spec!r}: {text!r} is not a number") from None
 
 
+def _parse_int(spec: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"policy {spec!r}: {text!r} is not an integer") from None
+
+
+POLICY_NAMES = ("full | encoder | prefix | naive | static:R | epic:K | "
+                "cacheblend[:RATIO[:LAYER]] | kvshare[:RATIO[:LAYER1[:LAYER2]]] | "
+                "vlcache:PLAN.json (or plan:PLAN.json)")
+
+
+def _parse_blend(spec: str, name: str, args: list[str]) -> Policy:
+    from vlcache.reuse.blend import CacheBlendPolicy, KVSharePolicy
+
+    if name == "cacheblend" and len(args) <= 2:
+        ratio = _parse_ratio(spec, args[0]) if args else 0.15
+        return CacheBlendPolicy(ratio, _parse_int(spec, args[1]) if len(args) > 1 else 1)
+    if name == "kvshare" and len(args) <= 3:
+        ratio = _parse_ratio(spec, args[0]) if args else 0.15
+        layer1 = _parse_int(spec, args[1]) if len(args) > 1 else 1
+        layer2 = _parse_int(spec, args[2]) if len(args) > 2 else None
+        return KVSharePolicy(ratio, layer1, layer2)
+    raise ValueError(f"policy {spec!r}: too many arguments")
+
+
 def parse_policy(spec: str | Policy | Plan) -> Policy:
-    """'full' | 'encoder' | 'naive' | 'static:R' | 'plan:FILE.json' (or a Policy/Plan value)."""
+    """A policy from its name (see POLICY_NAMES), or a Policy/Plan value."""
     if isinstance(spec, Policy):
         return spec
     if isinstance(spec, Plan):
@@ -126,13 +158,21 @@ def parse_policy(spec: str | Policy | Plan) -> Policy:
         return FullPolicy()
     if name == "encoder" and not arg:
         return EncoderPolicy()
+    if name == "prefix" and not arg:
+        from vlcache.reuse.prefix import PrefixPolicy
+
+        return PrefixPolicy()
     if name == "naive" and not arg:
         return UniformPolicy(0.0, name="naive")
     if name == "static" and arg:
         return UniformPolicy(_parse_ratio(spec, arg))
+    if name == "epic" and arg:
+        from vlcache.reuse.epic import EpicPolicy
+
+        return EpicPolicy(_parse_int(spec, arg))
+    if name in {"cacheblend", "kvshare"}:
+        return _parse_blend(spec, name, arg.split(":") if arg else [])
     if name in {"plan", "vlcache"} and arg:
         plan = Plan.load(arg)
         return RatioPolicy(plan, name=f"{name}:{arg}")
-    raise ValueError(
-        f"unknown policy {spec!r}: expected full, encoder, naive, static:R or plan:FILE.json"
-    )
+    raise ValueError(f"unknown policy {spec!r}: expected {POLICY_NAMES}")

@@ -1,0 +1,102 @@
+"""`vlcache eval`: every policy at every budget against a full recompute; table, CSV, plot.
+
+The plan is profiled on one half of the examples and evaluated on both halves. Each image's
+cache is built in another context than the evaluated prompt (see vlcache.eval.cases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from vlcache.commands.profile import add_data_arguments, load_halves
+
+DEFAULT_POLICIES = "naive,prefix,static,epic,cacheblend,kvshare,vlcache,vlcache-greedy"
+DEFAULT_BUDGETS = "0.01,0.02,0.05,0.1,0.2"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_data_arguments(p)
+    p.add_argument("--policies", default=DEFAULT_POLICIES,
+                   help="families swept over --budgets (static, epic, cacheblend, kvshare, "
+                        "vlcache, vlcache-greedy) and fixed policies (naive, prefix, encoder, "
+                        f"cacheblend:0.15:1, vlcache:PLAN.json, ...); default {DEFAULT_POLICIES}")
+    p.add_argument("--budgets", default=DEFAULT_BUDGETS,
+                   help=f"target mean computed ratios (default {DEFAULT_BUDGETS})")
+    p.add_argument("--profile", default=None,
+                   help="take the sensitivity table from this plan file instead of profiling "
+                        "the planning half")
+    p.add_argument("--out", default="eval-out", help="output directory")
+
+
+def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, prof):
+    from vlcache.eval.budget import FAMILIES, policy_at
+    from vlcache.eval.runner import Arm
+    from vlcache.reuse.policy import parse_policy
+
+    arms, skipped = [], []
+    for token in tokens:
+        if token not in FAMILIES:
+            arms.append(Arm(token.split(":")[0] if ":" not in token else token, None,
+                            parse_policy(token)))
+            continue
+        for b in budgets:
+            try:
+                policy = policy_at(token, b, engine.adapter.num_layers, mean_tokens, prof)
+            except ValueError as e:
+                policy = None
+                skipped.append(f"{token}@{b:g}: {e}")
+            if policy is None:
+                skipped.append(f"{token}@{b:g}: cannot spend this budget")
+            else:
+                arms.append(Arm(token, b, policy))
+    return arms, skipped
+
+
+def run(args: argparse.Namespace) -> int:
+    from vlcache.eval import report
+    from vlcache.eval.datasets import describe
+    from vlcache.eval.runner import evaluate
+    from vlcache.models.loading import ModelLoadError
+    from vlcache.plan import Plan
+    from vlcache.planner.profile import load_profile, make_plan, profile
+
+    tokens = [t.strip() for t in args.policies.split(",") if t.strip()]
+    budgets = [float(b) for b in args.budgets.split(",") if b.strip()]
+    out = Path(args.out)
+    try:
+        engine, first, second, examples = load_halves(args)
+        if args.profile:
+            prof = load_profile(Plan.load(args.profile))
+        elif any(t.startswith("vlcache") and ":" not in t for t in tokens):
+            prof = profile(engine, first, args.grid, describe(args.data, examples) | {
+                "half": "plan", "kinds": args.kinds})
+            out.mkdir(parents=True, exist_ok=True)
+            make_plan(prof, 0.05 if 0.05 in budgets else budgets[0]).save(out / "plan.json")
+        else:
+            prof = None
+        counts = [im.num_tokens for c in first + second
+                  for im in engine.builder.build(c.messages).images]
+        arms, skipped = _arms(tokens, budgets, engine, sum(counts) / len(counts), prof)
+    except (ModelLoadError, ValueError) as e:
+        print(f"vlcache eval: {e}", file=sys.stderr)
+        return 2
+    for line in skipped:
+        print(f"skipped {line}", file=sys.stderr)
+    rows = evaluate(engine, first, arms, "plan") + evaluate(engine, second, arms, "heldout")
+    summary = report.summarize(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_csv([r.as_dict() for r in rows], out / "rows.csv")
+    report.write_csv(summary, out / "summary.csv")
+    table = report.markdown(summary, budgets)
+    (out / "summary.md").write_text(table)
+    (out / "run.json").write_text(json.dumps({
+        "args": vars(args) | {"func": None}, "skipped": skipped,
+        "mean_image_tokens": sum(counts) / len(counts), "cases": [len(first), len(second)],
+    }, indent=2, default=str))
+    report.plot(summary, out / "agreement.png", f"{args.data} · {Path(args.model).name}")
+    print(table)
+    print(f"wrote {out}/rows.csv, summary.csv, summary.md, agreement.png")
+    return 0

@@ -1,0 +1,81 @@
+"""`vlcache profile`: measure S_l(r) on a proxy data set and write the plan for a budget."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from vlcache.commands.generate import DTYPES
+
+
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by `profile` and `eval`: model, data set, case kinds, sizes."""
+    from vlcache.eval.cases import KINDS
+
+    p.add_argument("--model", required=True, help="local checkpoint directory")
+    p.add_argument("--data", default="synthetic",
+                   help="synthetic | mme[:SUBSET,...] | random (default synthetic)")
+    p.add_argument("--limit", type=int, default=48, help="examples to load (default 48)")
+    p.add_argument("--kinds", default=",".join(KINDS),
+                   help=f"case kinds, taken in turn (default {','.join(KINDS)})")
+    p.add_argument("--max-image-tokens", type=int, default=256,
+                   help="scale larger images down to about this many tokens (default 256)")
+    p.add_argument("--mme-root", default=None, help="MME directory (default ../shared/eval/mme)")
+    p.add_argument("--grid", type=float, default=0.05, help="ratio grid step Δ (default 0.05)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def load_halves(args: argparse.Namespace):
+    """(engine, planning-half cases, held-out-half cases, all examples) from the options."""
+    from vlcache.engine import Engine
+    from vlcache.eval.cases import build_cases, split_examples
+    from vlcache.eval.datasets import load_examples
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    engine = Engine.from_pretrained(args.model, dtype=DTYPES[args.dtype])
+    examples = load_examples(args.data, args.limit, args.mme_root, args.max_image_tokens)
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    first, second = split_examples(examples)
+    return engine, build_cases(first, kinds), build_cases(second, kinds), examples
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_data_arguments(p)
+    p.add_argument("--budget", type=float, default=0.05,
+                   help="mean recompute ratio over layers (default 0.05)")
+    p.add_argument("--method", choices=["dp", "greedy"], default="dp",
+                   help="allocation: exact dynamic programming (default) or the paper's greedy")
+    p.add_argument("--half", choices=["plan", "all"], default="all",
+                   help="profile on the planning half only (as `eval` does) or on all examples")
+    p.add_argument("--out", default="plan.json", help="plan file to write (default plan.json)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from vlcache.eval.datasets import describe
+    from vlcache.models.loading import ModelLoadError
+    from vlcache.planner.allocate import grid_levels
+    from vlcache.planner.profile import make_plan, profile
+
+    try:
+        if not 0.0 <= args.budget <= 1.0:
+            raise ValueError(f"budget must be a mean ratio in [0, 1], got {args.budget}")
+        grid_levels(args.grid)
+        engine, first, second, examples = load_halves(args)
+        cases = first if args.half == "plan" else first + second
+        prof = profile(engine, cases, args.grid, describe(args.data, examples) | {
+            "half": args.half, "kinds": args.kinds, "max_image_tokens": args.max_image_tokens})
+        plan = make_plan(prof, args.budget, args.method)
+    except (ModelLoadError, ValueError) as e:
+        print(f"vlcache profile: {e}", file=sys.stderr)
+        return 2
+    plan.save(Path(args.out))
+    print(f"wrote {args.out}: budget {plan.budget:.4f} (target {args.budget:g}), "
+          f"objective {plan.meta['objective']:.4g} ({args.method}); "
+          f"naive {plan.meta['naive_objective']:.4g}")
+    print("ratios: " + " ".join(f"{r:g}" for r in plan.ratios))
+    return 0

@@ -1,0 +1,45 @@
+"""Equal compute: each policy family's parameters for a target budget B.
+
+B is the mean over layers of the share of a reused image's tokens that are computed (the same
+quantity as a plan's budget), so policies compare at the same number of computed token-layers:
+- static: r = B at every layer;
+- epic: K = round(B · mean N) leading tokens (a fixed count, so the share varies by image);
+- cacheblend: all tokens up to the check layer c, then ratio (B·L - c)/(L - c);
+  impossible below B = c/L (returns None);
+- kvshare: all up to layer1, 2ρ up to layer2, then ρ; ρ solved from the same mean;
+- vlcache / vlcache-greedy: the plan allocated for B from the profiled sensitivity table.
+The engine's rounding up (ceil(r·N)) makes the measured share slightly higher; the report shows
+the measured share next to the target.
+"""
+
+from __future__ import annotations
+
+from vlcache.planner.profile import Profile, make_plan
+from vlcache.reuse.blend import CacheBlendPolicy, KVSharePolicy
+from vlcache.reuse.epic import EpicPolicy
+from vlcache.reuse.policy import Policy, RatioPolicy, UniformPolicy
+
+FAMILIES = ("static", "epic", "cacheblend", "kvshare", "vlcache", "vlcache-greedy")
+
+
+def policy_at(family: str, budget: float, num_layers: int, mean_tokens: float,
+              profile: Profile | None = None) -> Policy | None:
+    """The policy of `family` that spends `budget`, or None where the family cannot."""
+    if family == "static":
+        return UniformPolicy(budget)
+    if family == "epic":
+        return EpicPolicy(max(1, round(budget * mean_tokens)))
+    if family == "cacheblend":
+        c = 1
+        ratio = (budget * num_layers - c) / (num_layers - c)
+        return CacheBlendPolicy(ratio, c) if ratio >= 0 else None
+    if family == "kvshare":
+        first, second = KVSharePolicy(0.0).layers(num_layers)
+        ratio = (budget * num_layers - first) / (2 * (second - first) + num_layers - second)
+        return KVSharePolicy(min(ratio, 0.5), first, second) if ratio >= 0 else None
+    if family in {"vlcache", "vlcache-greedy"}:
+        if profile is None:
+            raise ValueError(f"{family} needs a sensitivity profile")
+        plan = make_plan(profile, budget, "dp" if family == "vlcache" else "greedy")
+        return RatioPolicy(plan, name=f"{family}@{budget:g}")
+    raise ValueError(f"unknown policy family {family!r}: expected one of {', '.join(FAMILIES)}")

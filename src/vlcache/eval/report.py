@@ -1,0 +1,132 @@
+"""Evaluation rows -> per-(split, policy, budget) summary, CSV, markdown and a plot."""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from pathlib import Path
+
+from vlcache.eval.runner import Row
+
+SPLIT_TITLES = {"plan": "planning half (the plan was profiled here)",
+                "heldout": "held-out half (not seen by the profiler)"}
+METRICS = ("exact", "top1", "kl", "mse", "accuracy")
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize(rows: list[Row]) -> list[dict]:
+    groups: dict[tuple, list[Row]] = defaultdict(list)
+    for r in rows:
+        groups[(r.split, r.family, r.budget)].append(r)
+    out = []
+    for (split, family, budget), rs in groups.items():
+        tokens = sum(r.image_tokens for r in rs)
+        judged = [float(r.correct) for r in rs if r.correct is not None]
+        names = sorted({r.policy for r in rs})
+        out.append({
+            "split": split, "family": family, "budget": budget,
+            "policy": names[0] if len(names) == 1 else f"{family} ({len(names)} settings)",
+            "n": len(rs),
+            "computed": sum(r.computed * r.image_tokens for r in rs) / tokens if tokens else 1.0,
+            "exact": _mean([float(r.exact) for r in rs]),
+            "top1": _mean([float(r.top1) for r in rs]),
+            "kl": _mean([r.kl for r in rs]),
+            "mse": _mean([r.mse for r in rs]),
+            "accuracy": _mean(judged),
+        })
+    return out
+
+
+def write_csv(records: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows(records)
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3g}"
+
+
+def _order(s: dict) -> tuple:
+    fixed = s["budget"] is None
+    return (not fixed or s["family"] != "full", fixed, s["budget"] or 0.0, s["family"])
+
+
+def markdown(summary: list[dict], budgets: list[float]) -> str:
+    """Per split: a pivot of greedy exact match by budget, then the full table."""
+    parts = []
+    for split in dict.fromkeys(s["split"] for s in summary):
+        rows = sorted((s for s in summary if s["split"] == split), key=_order)
+        n = max(s["n"] for s in rows)
+        parts.append(f"### {SPLIT_TITLES.get(split, split)}: {n} prompts\n")
+        parts.append(_pivot(rows, budgets))
+        parts.append("| policy | target | computed | exact@16 | top-1 | KL(full‖p) | logits MSE "
+                     "| accuracy |\n|---|---|---|---|---|---|---|---|")
+        for s in rows:
+            target = "–" if s["budget"] is None else _pct(s["budget"])
+            parts.append(f"| {s['policy']} | {target} | {_pct(s['computed'])} | "
+                         f"{_pct(s['exact'])} | {_pct(s['top1'])} | {_num(s['kl'])} | "
+                         f"{_num(s['mse'])} | {_pct(s['accuracy'])} |")
+        parts.append("")
+    return "\n".join(parts)
+
+
+def _pivot(rows: list[dict], budgets: list[float]) -> str:
+    head = "| greedy exact match | " + " | ".join(_pct(b) for b in budgets) + " |"
+    lines = [head, "|---" * (len(budgets) + 1) + "|"]
+    families = list(dict.fromkeys(s["family"] for s in rows if s["budget"] is not None))
+    for fam in families:
+        cells = {s["budget"]: s for s in rows if s["family"] == fam}
+        lines.append(f"| {fam} | " + " | ".join(
+            _pct(cells[b]["exact"]) if b in cells else "n/a" for b in budgets) + " |")
+    for s in rows:
+        if s["budget"] is None and s["family"] != "full":
+            lines.append(f"| {s['policy']} (computed {_pct(s['computed'])}) | "
+                         + " | ".join(_pct(s["exact"]) for _ in budgets) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = list(dict.fromkeys(s["split"] for s in summary))
+    fig, axes = plt.subplots(2, len(splits), figsize=(6 * len(splits), 8), squeeze=False)
+    for col, split in enumerate(splits):
+        rows = [s for s in summary if s["split"] == split]
+        for row, metric in enumerate(("exact", "top1")):
+            _panel(axes[row][col], rows, metric)
+            axes[row][col].set_title(f"{SPLIT_TITLES.get(split, split).split(' (')[0]}: "
+                                     f"{'greedy exact match' if metric == 'exact' else 'top-1'}")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _panel(ax, rows: list[dict], metric: str) -> None:
+    for fam in dict.fromkeys(s["family"] for s in rows if s["budget"] is not None):
+        pts = sorted((s["computed"], s[metric]) for s in rows
+                     if s["family"] == fam and s["budget"] is not None)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=fam)
+    for s in rows:
+        if s["budget"] is None and s["family"] in {"naive"}:
+            ax.axhline(s[metric], linestyle="--", color="gray", label="naive (0%)")
+    ax.set_xscale("log")
+    ax.set_xlabel("computed share of reused image token-layers (measured)")
+    ax.set_ylabel(metric)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)

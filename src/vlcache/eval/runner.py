@@ -1,0 +1,100 @@
+"""Run every policy on every case against a full recompute of the same prompt."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm import tqdm
+
+from vlcache.engine import Engine
+from vlcache.engine.engine import PrefillRun
+from vlcache.eval import metrics
+from vlcache.eval.cases import Case, prime
+from vlcache.reuse.decode import decode_step
+from vlcache.reuse.policy import Policy, parse_policy
+
+MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One policy setting to evaluate: its family, the budget it targets (None: fixed)."""
+
+    family: str
+    budget: float | None
+    policy: Policy
+
+
+@dataclass
+class Row:
+    split: str
+    case: int
+    kind: str
+    source: str
+    family: str
+    budget: float | None  # target; None for fixed policies
+    policy: str
+    image_tokens: int
+    computed: float  # share of the image token-layers computed (1 = full)
+    kl: float
+    mse: float
+    top1: bool
+    exact: bool  # greedy answer (first MAX_TOKENS tokens) identical to full's
+    correct: bool | None
+    answer: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def greedy(engine: Engine, run: PrefillRun, max_tokens: int = MAX_TOKENS) -> list[int]:
+    """Greedy continuation of a prefilled request (stops at an end-of-turn token)."""
+    tokens: list[int] = []
+    token = int(run.output.logits.argmax())
+    position = int(run.positions.max()) + 1
+    with torch.inference_mode():
+        while token not in engine.stop_ids and len(tokens) < max_tokens:
+            tokens.append(token)
+            if len(tokens) == max_tokens:
+                break
+            logits = decode_step(engine.adapter, run.output.cache, token, position)
+            position += 1
+            token = int(logits.argmax())
+    return tokens
+
+
+def _computed_share(run: PrefillRun) -> float:
+    s = run.stats
+    return 1.0 - s.image_tokens_reused / s.image_tokens if s.image_tokens else 1.0
+
+
+def evaluate_case(engine: Engine, case: Case, arms: list[Arm], split: str,
+                  index: int) -> list[Row]:
+    prime(engine, case)
+    runs = [Arm("full", None, parse_policy("full")), *arms]
+    rows, ref, ref_tokens = [], None, None
+    for arm in runs:
+        run = engine.prefill(case.messages, policy=arm.policy, max_new_tokens=MAX_TOKENS,
+                             store_entries=False)
+        tokens = greedy(engine, run)
+        if ref is None:
+            ref, ref_tokens = run.output.logits, tokens
+        text = engine.tokenizer.decode(tokens, skip_special_tokens=True)
+        rows.append(Row(
+            split=split, case=index, kind=case.kind, source=case.source, family=arm.family,
+            budget=arm.budget, policy=arm.policy.name, image_tokens=run.stats.image_tokens,
+            computed=_computed_share(run), kl=metrics.kl_divergence(ref, run.output.logits),
+            mse=metrics.logits_mse(ref, run.output.logits),
+            top1=metrics.top1_agrees(ref, run.output.logits), exact=tokens == ref_tokens,
+            correct=metrics.answer_correct(text, case.answer), answer=text))
+    return rows
+
+
+def evaluate(engine: Engine, cases: list[Case], arms: list[Arm], split: str,
+             progress: bool = True) -> list[Row]:
+    rows: list[Row] = []
+    for i, case in enumerate(tqdm(cases, desc=f"evaluating ({split})", unit="prompt",
+                                  disable=not progress)):
+        rows.extend(evaluate_case(engine, case, arms, split, i))
+    return rows

@@ -1,0 +1,97 @@
+"""The profiler: S_l(r) averaged over a proxy data set, and the plan it implies (SPEC §3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from vlcache.engine import Engine
+from vlcache.eval.cases import Case, prime
+from vlcache.plan import Plan
+from vlcache.planner.allocate import Allocation, allocate_dp, allocate_greedy, grid_levels
+from vlcache.planner.sensitivity import ProbeInputs, sensitivity
+
+UNITS = "||z - z_full||^2 over the vocabulary (first answer token), mean over prompts"
+
+
+@dataclass
+class Profile:
+    """Mean sensitivity table: table[l, g] = S_l(ratios[g])."""
+
+    ratios: list[float]
+    table: np.ndarray  # [L, G+1]
+    cases: int
+    model: str
+    dataset: dict = field(default_factory=dict)
+
+    @property
+    def step(self) -> float:
+        return self.ratios[1]
+
+
+def probe_inputs(engine: Engine, case: Case) -> ProbeInputs:
+    """Prime the case's caches in their other contexts, run it in full, collect both KVs."""
+    prime(engine, case)
+    run = engine.prefill(case.messages, policy="full", capture=True, store_entries=False)
+    stale, exact, spans = [], [], []
+    for i, im in enumerate(run.prompt.images):
+        entry = engine.store.get(im.key)
+        if entry is None or not entry.has_kv:
+            raise RuntimeError(f"the cache of image {i} was not stored (store too small?)")
+        stale.append((entry.keys.to(engine.adapter.dtype), entry.values.to(engine.adapter.dtype)))
+        exact.append(run.output.captured[i])
+        spans.append((im.start, im.num_tokens))
+    return ProbeInputs(run.prompt.input_ids, run.positions, spans, stale, exact,
+                       run.output.logits)
+
+
+def profile(engine: Engine, cases: list[Case], step: float, dataset: dict | None = None,
+            progress: bool = True) -> Profile:
+    """Measure S_l(r) on every case for every layer and every r on the grid of step `step`."""
+    levels = grid_levels(step)
+    ratios = [g / levels for g in range(levels + 1)]
+    total = torch.zeros(engine.adapter.num_layers, len(ratios), dtype=torch.float64)
+    for case in tqdm(cases, desc="profiling", unit="prompt", disable=not progress):
+        total += sensitivity(engine.adapter, probe_inputs(engine, case), ratios)
+    return Profile(ratios, (total / max(len(cases), 1)).numpy(), len(cases),
+                   str(engine.adapter.fingerprint), dataset or {})
+
+
+def allocate(prof: Profile, budget: float, method: str = "dp") -> Allocation:
+    if method == "dp":
+        return allocate_dp(prof.table, budget)
+    if method == "greedy":
+        return allocate_greedy(prof.table, budget)
+    raise ValueError(f"unknown allocation method {method!r}: expected dp or greedy")
+
+
+def make_plan(prof: Profile, budget: float, method: str = "dp") -> Plan:
+    """The plan for `budget`, carrying everything it came from (JSON-ready)."""
+    chosen = allocate(prof, budget, method)
+    other = allocate(prof, budget, "greedy" if method == "dp" else "dp")
+    meta = {
+        "model": prof.model,
+        "budget_target": budget,
+        "grid": prof.step,
+        "method": method,
+        "objective": chosen.cost,
+        f"objective_{'greedy' if method == 'dp' else 'dp'}": other.cost,
+        "naive_objective": float(prof.table[:, 0].sum()),
+        "sensitivity": {"ratios": prof.ratios, "table": prof.table.tolist(), "units": UNITS,
+                        "prompts": prof.cases},
+        "dataset": prof.dataset,
+    }
+    return chosen.plan(f"vlcache@{budget:g}", meta)
+
+
+def load_profile(plan: Plan) -> Profile:
+    """The profile a plan file was made from (to re-allocate it at another budget)."""
+    s = plan.meta.get("sensitivity")
+    if not isinstance(s, dict) or "table" not in s:
+        raise ValueError("the plan carries no sensitivity table")
+    return Profile(list(s["ratios"]), np.asarray(s["table"], dtype=np.float64),
+                   int(s.get("prompts", 0)), str(plan.meta.get("model", "")),
+                   dict(plan.meta.get("dataset", {})))

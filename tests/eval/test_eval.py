@@ -1,0 +1,134 @@
+"""Evaluation pieces: metrics, cases, data sets, equal-budget settings, and the two commands."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.conftest import random_image
+from vlcache.cli import main
+from vlcache.eval import metrics
+from vlcache.eval.budget import policy_at
+from vlcache.eval.cases import Example, build_cases, split_examples
+from vlcache.eval.datasets import fit_image, load_examples
+from vlcache.plan import Plan
+from vlcache.reuse.policy import parse_policy
+
+
+def test_metrics():
+    z = torch.tensor([2.0, 1.0, -1.0])
+    assert metrics.kl_divergence(z, z) == 0.0 and metrics.logits_mse(z, z) == 0.0
+    other = torch.tensor([1.0, 2.0, -1.0])
+    assert metrics.kl_divergence(z, other) > 0 and not metrics.top1_agrees(z, other)
+    assert metrics.answer_correct("Yes, it is.", "Yes") is True
+    assert metrics.answer_correct("no", "Yes") is False
+    assert metrics.answer_correct("", "red") is False
+    assert metrics.answer_correct("anything", None) is None
+
+
+def _examples(n: int, per_image: int = 2) -> list[Example]:
+    return [Example(random_image(i // per_image), f"q{i}", "yes", f"src{i}", f"img{i // per_image}")
+            for i in range(n)]
+
+
+def test_cases_cycle_kinds_and_never_pair_an_image_with_itself():
+    cases = build_cases(_examples(8), ("single", "reorder", "far", "before"))
+    assert [c.kind for c in cases] == ["single", "reorder", "far", "before"] * 2
+    for c in cases:
+        assert len(c.cache_messages) == len(c.images)
+        if c.kind == "reorder":
+            assert c.images[0] is not c.images[1]
+    with pytest.raises(ValueError, match="unknown case kind"):
+        build_cases(_examples(2), ("sideways",))
+
+
+def test_halves_do_not_share_images():
+    first, second = split_examples(_examples(10))
+    assert {e.group for e in first}.isdisjoint({e.group for e in second})
+    assert len(first) == 6 and len(second) == 4
+
+
+def test_fit_image_caps_the_token_count():
+    big = Image.new("RGB", (1000, 700))
+    small = fit_image(big, 64)
+    assert (small.width // 28) * (small.height // 28) <= 64
+    assert fit_image(small, 64) is small and fit_image(big, None) is big
+
+
+def test_mme_reader(tmp_path):
+    for subset in ("color", "count"):
+        (tmp_path / subset).mkdir()
+        for i in range(2):
+            random_image(i).save(tmp_path / subset / f"{i:04d}.png")
+            (tmp_path / subset / f"{i:04d}.txt").write_text(
+                "Is it red? Please answer yes or no.\tYes\n"
+                "Is it blue? Please answer yes or no.\tNo")
+    examples = load_examples("mme", limit=6, mme=tmp_path)
+    assert [e.source.split("#")[0] for e in examples[:4]] == [
+        "mme/color/0000.png", "mme/color/0000.png", "mme/count/0000.png", "mme/count/0000.png"]
+    assert [e.answer for e in examples[:2]] == ["Yes", "No"] and len(examples) == 6
+    only = load_examples("mme:count", limit=10, mme=tmp_path)
+    assert len(only) == 4 and all("count" in e.source for e in only)
+    with pytest.raises(ValueError, match="no MME subset"):
+        load_examples("mme:nope", mme=tmp_path)
+    with pytest.raises(ValueError, match="MME data not found"):
+        load_examples("mme", mme=tmp_path / "missing")
+    with pytest.raises(ValueError, match="unknown data set"):
+        load_examples("imagenet")
+
+
+def test_synthetic_set_uses_the_fixture_generator():
+    pytest.importorskip("vlcache.fixture.data")
+    examples = load_examples("synthetic", limit=3, max_tokens=64)
+    assert len(examples) == 3 and all(e.answer for e in examples)
+    assert all((e.image.width // 28) * (e.image.height // 28) <= 64 for e in examples)
+
+
+@pytest.mark.parametrize("budget", [0.05, 0.1, 0.2])
+def test_baselines_spend_the_target_budget(budget):
+    layers = 24
+    assert policy_at("static", budget, layers, 300).ratio == budget
+    assert policy_at("epic", budget, layers, 300).k == round(budget * 300)
+    assert policy_at("cacheblend", budget, layers, 300).mean_ratio(layers) == pytest.approx(budget)
+    assert policy_at("kvshare", budget, layers, 300).mean_ratio(layers) == pytest.approx(budget)
+    assert policy_at("cacheblend", 0.02, layers, 300) is None  # below one full layer (1/24)
+    with pytest.raises(ValueError, match="profile"):
+        policy_at("vlcache", budget, layers, 300)
+
+
+def test_profile_and_eval_commands(tiny_checkpoints, tmp_path):
+    model = str(tiny_checkpoints["qwen2_5_vl"])
+    plan_file = tmp_path / "plan.json"
+    common = ["--model", model, "--data", "random", "--limit", "4", "--grid", "0.25",
+              "--kinds", "single,reorder"]
+    assert main(["profile", *common, "--budget", "0.3", "--out", str(plan_file)]) == 0
+    plan = Plan.load(plan_file)
+    assert plan.budget <= 0.3 and plan.num_layers == 4
+    assert {"model", "budget_target", "grid", "sensitivity", "dataset"} <= set(plan.meta)
+    assert len(plan.meta["sensitivity"]["table"]) == 4
+    assert isinstance(parse_policy(f"vlcache:{plan_file}").plan, Plan)
+    out = tmp_path / "eval"
+    assert main(["eval", *common, "--policies", "naive,prefix,static,cacheblend,vlcache",
+                 "--budgets", "0.1,0.5", "--profile", str(plan_file), "--out", str(out)]) == 0
+    with (out / "summary.csv").open() as f:
+        summary = list(csv.DictReader(f))
+    full = [s for s in summary if s["family"] == "full"]
+    assert len(full) == 2 and all(float(s["exact"]) == 1.0 for s in full)
+    naive = [s for s in summary if s["family"] == "naive"]
+    assert all(float(s["computed"]) == 0.0 for s in naive)
+    assert {s["split"] for s in summary} == {"plan", "heldout"}
+    assert not any(s["family"] == "cacheblend" and s["budget"] == "0.1" for s in summary)
+    assert (out / "agreement.png").stat().st_size > 0 and (out / "summary.md").exists()
+    assert "cacheblend@0.1" in " ".join(json.loads((out / "run.json").read_text())["skipped"])
+
+
+def test_commands_report_bad_input(tiny_checkpoints, tmp_path, capsys):
+    model = str(tiny_checkpoints["qwen2_5_vl"])
+    assert main(["profile", "--model", model, "--data", "random", "--limit", "2",
+                 "--budget", "-1", "--out", str(tmp_path / "p.json")]) == 2
+    assert "budget" in capsys.readouterr().err
+    assert main(["eval", "--model", str(tmp_path), "--data", "random"]) == 2
