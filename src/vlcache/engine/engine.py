@@ -62,9 +62,12 @@ class Engine:
         self.adapter = adapter
         self.tokenizer = tokenizer
         self.image_processor = image_processor
-        self.store = open_store(store)
+        self.store = open_store(store, model=adapter.fingerprint)
         self.policy = parse_policy(policy)
-        self.kv_dtype = kv_dtype or adapter.dtype
+        # Keys name the dtype the store really holds, so engines sharing a store agree. A store
+        # with its own kv_dtype converts (and for fp8 scales) on put; otherwise we cast here.
+        self.kv_dtype = self.store.kv_dtype or kv_dtype or adapter.dtype
+        self._put_dtype = adapter.dtype if self.store.kv_dtype else self.kv_dtype
         self.limits = limits or Limits()
         self.builder = PromptBuilder(tokenizer, image_processor, adapter.fingerprint,
                                      self.kv_dtype, adapter.image_token_id,
@@ -268,7 +271,7 @@ class Engine:
             enc = encoded[im.key]
             pending.append((im.key, ImageEntry(
                 embeds=enc.embeds, deepstack=enc.deepstack,
-                keys=keys.to(self.kv_dtype), values=values.to(self.kv_dtype),
+                keys=keys.to(self._put_dtype), values=values.to(self._put_dtype),
                 positions=positions[:, seg.start:seg.start + seg.length].clone(),
                 context=contexts[i])))
         return pending
