@@ -1,4 +1,4 @@
-"""What the cache holds for one image: its encoder output and its per-layer pre-RoPE KV."""
+"""What the cache holds for one segment (an image or a document): encoder output and pre-RoPE KV."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ import torch
 
 @dataclass
 class ImageEntry:
-    """Everything reusable about one image, computed once in some request's context.
+    """Everything reusable about one segment, computed once in some request's context.
 
-    `keys` are stored *before* RoPE (after the per-head k-norm for models that have one), so they
-    can be rotated to whatever position the image occupies in a later prompt.
+    Images carry their encoder output (`embeds`); text segments (documents) carry KV only, since
+    their embeddings are a table lookup. `keys` are stored *before* RoPE (after the per-head
+    k-norm for models that have one), so they can be rotated to wherever the segment sits in a
+    later prompt.
     """
 
-    embeds: torch.Tensor  # [N, H] vision-tower output after the patch merger
+    embeds: torch.Tensor | None = None  # [N, H] vision-tower output after the merger (images)
     deepstack: torch.Tensor | None = None  # [D, N, H] Qwen3-VL deepstack features, else None
     keys: torch.Tensor | None = None  # [L, N, kv_heads, head_dim] pre-RoPE
     values: torch.Tensor | None = None  # [L, N, kv_heads, head_dim]
@@ -25,21 +27,23 @@ class ImageEntry:
     context: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        n = self.embeds.shape[0]
+        if self.embeds is None and self.keys is None:
+            raise ValueError("an entry needs an encoder output, KV, or both")
+        n = self.num_tokens
         if (self.keys is None) != (self.values is None):
             raise ValueError("an entry has both keys and values or neither")
         if self.keys is not None and self.values is not None:
             if self.keys.shape != self.values.shape or self.keys.shape[1] != n:
                 raise ValueError(
                     f"KV shapes {tuple(self.keys.shape)}/{tuple(self.values.shape)} "
-                    f"do not match {n} image tokens"
+                    f"do not match {n} tokens"
                 )
         if self.deepstack is not None and self.deepstack.shape[1] != n:
             raise ValueError("deepstack features do not match the image token count")
 
     @property
     def num_tokens(self) -> int:
-        return int(self.embeds.shape[0])
+        return int(self.embeds.shape[0] if self.embeds is not None else self.keys.shape[1])
 
     @property
     def has_kv(self) -> bool:
@@ -59,4 +63,6 @@ class ImageEntry:
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
     def without_kv(self) -> ImageEntry:
+        if self.embeds is None:
+            raise ValueError("a text segment's entry is nothing without its KV")
         return ImageEntry(embeds=self.embeds, deepstack=self.deepstack)

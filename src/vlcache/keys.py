@@ -45,6 +45,13 @@ def fingerprint_directory(path: str | os.PathLike, architecture: str) -> ModelFi
     return ModelFingerprint(architecture, h.hexdigest())
 
 
+def fingerprint_file(path: str | os.PathLike) -> str:
+    """Full-length blake3 of one file's contents (e.g. a GGUF checkpoint)."""
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    h.update_mmap(str(path))
+    return h.hexdigest()
+
+
 def fingerprint_module(model: torch.nn.Module, architecture: str) -> ModelFingerprint:
     """Hash a model's config and state dict (for models built in memory, e.g. in tests)."""
     h = blake3.blake3()
@@ -78,3 +85,12 @@ def image_key(
     h.update(json.dumps(header, sort_keys=True, default=str).encode())
     h.update(np.ascontiguousarray(pixel_values.detach().cpu().numpy()).tobytes())
     return f"img-{h.hexdigest()}"
+
+
+def segment_key(token_ids: list[int], model: ModelFingerprint, kv_dtype: torch.dtype) -> str:
+    """Full-length blake3 over a text segment's token ids, the model and the KV dtype."""
+    h = blake3.blake3()
+    header = {"version": KEY_VERSION, "model": str(model), "kv_dtype": str(kv_dtype)}
+    h.update(json.dumps(header, sort_keys=True).encode())
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return f"txt-{h.hexdigest()}"

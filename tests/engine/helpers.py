@@ -10,6 +10,8 @@ from vlcache.engine.request import Prompt
 
 def hf_inputs(engine: Engine, prompt: Prompt) -> dict:
     ids = prompt.input_ids[None]
+    if engine.adapter.image_token_id is None:  # a text-only model
+        return {"input_ids": ids}
     inputs = {"input_ids": ids,
               "mm_token_type_ids": (ids == engine.adapter.image_token_id).int()}
     if prompt.images:
@@ -20,7 +22,8 @@ def hf_inputs(engine: Engine, prompt: Prompt) -> dict:
 
 def hf_logits(engine: Engine, prompt: Prompt) -> torch.Tensor:  # [S, V]
     model = engine.adapter.model
-    model.model.rope_deltas = None
+    if hasattr(model.model, "rope_deltas"):
+        model.model.rope_deltas = None
     with torch.no_grad():
         return model(**hf_inputs(engine, prompt)).logits[0].float()
 

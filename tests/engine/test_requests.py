@@ -85,12 +85,12 @@ def test_placeholder_text_cannot_smuggle_image_tokens(engine):
 
 
 def test_unsupported_architecture_directory(tiny_checkpoints, tmp_path):
-    bad = tmp_path / "llama"
+    bad = tmp_path / "bert"
     shutil.copytree(tiny_checkpoints["qwen2_5_vl"], bad)
     config = json.loads((bad / "config.json").read_text())
-    config["model_type"] = "llama"
+    config["model_type"] = "bert"
     (bad / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="'llama' is not supported"):
+    with pytest.raises(ModelLoadError, match="'bert' is not supported"):
         Engine.from_pretrained(bad)
     with pytest.raises(ModelLoadError, match="no config.json"):
         Engine.from_pretrained(tmp_path)

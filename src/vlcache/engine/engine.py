@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from vlcache.engine.request import Limits, Prompt, PromptBuilder
+from vlcache.engine.request import Limits, PreparedImage, Prompt, PromptBuilder
 from vlcache.engine.sampling import SamplingParams, sample
 from vlcache.engine.stats import RequestStats
 from vlcache.entry import ImageEntry
@@ -71,7 +71,7 @@ class Engine:
         self.limits = limits or Limits()
         self.builder = PromptBuilder(tokenizer, image_processor, adapter.fingerprint,
                                      self.kv_dtype, adapter.image_token_id,
-                                     adapter.tokens_for_grid, self.limits)
+                                     getattr(adapter, "tokens_for_grid", None), self.limits)
         self.stop_ids = _stop_token_ids(tokenizer, adapter.model)
 
     @classmethod
@@ -168,14 +168,16 @@ class Engine:
         prompt = self.builder.build(messages)
         stats = RequestStats(policy=policy.name, prompt_tokens=int(prompt.input_ids.shape[0]),
                              images=len(prompt.images),
-                             image_tokens=sum(im.num_tokens for im in prompt.images))
+                             image_tokens=sum(im.num_tokens for im in prompt.images),
+                             documents=len(prompt.segments) - len(prompt.images))
         with torch.inference_mode():
-            encoded, entries, held = self._resolve_images(prompt, policy, stats)
+            entries, held = self._lookup(prompt, policy, stats)
+            encoded = self._encode(prompt, entries, stats)
             embeds = self.adapter.embed(prompt.input_ids)  # [S, H]
             positions = self.adapter.positions(prompt.input_ids, prompt.grid_thw)  # [3, S]
-            contexts = [context_digest(prompt.input_ids, im.start,
-                                       [e.key for e in prompt.images[:i]])
-                        for i, im in enumerate(prompt.images)]
+            contexts = [context_digest(prompt.input_ids, seg.start,
+                                       [e.key for e in prompt.segments[:i]])
+                        for i, seg in enumerate(prompt.segments)]
             segments = self._segments(prompt, policy, encoded, entries, held, embeds, contexts,
                                       capture)
             t = time.perf_counter()
@@ -183,36 +185,41 @@ class Engine:
                                     capacity=embeds.shape[0] + max_new_tokens,
                                     keep_hidden=keep_hidden)
             stats.prefill_s = time.perf_counter() - t
-        _account(stats, segments, out)
+        _account(stats, prompt, segments, out)
         run = PrefillRun(prompt, positions, out, stats)
         run.pending = self._new_entries(prompt, segments, out, encoded, positions, contexts,
                                         held)
         stats.ttft_s = time.perf_counter() - start
         return run
 
-    def _resolve_images(self, prompt: Prompt, policy: Policy, stats: RequestStats
-                        ) -> tuple[dict[str, EncodedImage], dict[str, ImageEntry], set[str]]:
-        """Look each distinct image up; run the vision tower once over all the misses.
-
-        Returns the encoder outputs, the usable entries, and the keys the store already holds
-        (a policy that does not read the cache must not overwrite what other requests cached).
-        """
+    def _lookup(self, prompt: Prompt, policy: Policy, stats: RequestStats
+                ) -> tuple[dict[str, ImageEntry], set[str]]:
+        """Read the entries this policy may use; also which keys the store already holds with
+        KV (a policy that does not read the cache must not overwrite what others cached)."""
+        kinds = {s.key: isinstance(s, PreparedImage) for s in prompt.segments}
+        readable = [k for k, image in kinds.items()
+                    if (policy.reuse_encoder if image else policy.reuse_kv)]
         entries: dict[str, ImageEntry] = {}
-        keys = list(dict.fromkeys(im.key for im in prompt.images))
-        held: set[str] = set()
-        if keys and policy.reuse_encoder:
+        if readable:
             t = time.perf_counter()
-            for key, entry in zip(keys, self.store.get_many(keys), strict=True):
+            for key, entry in zip(readable, self.store.get_many(readable), strict=True):
                 if entry is not None and self._fits(entry, prompt, key):
                     entries[key] = entry
             stats.load_s = time.perf_counter() - t
-            held = {k for k, e in entries.items() if e.has_kv}
-        elif keys:
-            held = {k for k, c in zip(keys, self.store.contains_many(keys), strict=True) if c}
+        held = {k for k, e in entries.items() if e.has_kv}
+        unread = [k for k in kinds if k not in readable]
+        if unread:
+            held |= {k for k, c in zip(unread, self.store.contains_many(unread), strict=True)
+                     if c}
+        return entries, held
+
+    def _encode(self, prompt: Prompt, entries: dict[str, ImageEntry], stats: RequestStats
+                ) -> dict[str, EncodedImage]:
+        """Encoder outputs of every image: from its entry, or one vision-tower call for all
+        the misses together."""
         encoded = {k: EncodedImage(e.embeds.to(self.adapter.dtype), e.deepstack)
-                   for k, e in entries.items()}
-        missing = [next(im for im in prompt.images if im.key == k)
-                   for k in keys if k not in entries]
+                   for k, e in entries.items() if e.embeds is not None}
+        missing = list({im.key: im for im in prompt.images if im.key not in encoded}.values())
         if missing:
             t = time.perf_counter()
             pixels = torch.cat([im.pixel_values for im in missing])
@@ -222,39 +229,44 @@ class Engine:
             stats.vision_s = time.perf_counter() - t
         stats.images_missed = sum(im.key not in entries for im in prompt.images)
         stats.images_hit = len(prompt.images) - stats.images_missed
-        return encoded, entries, held
+        return encoded
 
     def _fits(self, entry: ImageEntry, prompt: Prompt, key: str) -> bool:
         a = self.adapter
-        n = next(im.num_tokens for im in prompt.images if im.key == key)
-        ok = tuple(entry.embeds.shape) == (n, a.hidden_size)
-        if entry.has_kv:
-            ok = ok and tuple(entry.keys.shape) == (a.num_layers, n, a.kv_heads, a.head_dim)
-        if a.architecture == "qwen3_vl":
-            ok = ok and entry.deepstack is not None
-        if not ok:
+        seg = next(s for s in prompt.segments if s.key == key)
+        n = seg.num_tokens
+        kv_ok = tuple(entry.keys.shape) == (a.num_layers, n, a.kv_heads, a.head_dim) \
+            if entry.has_kv else True
+        if isinstance(seg, PreparedImage):
+            ok = entry.embeds is not None and tuple(entry.embeds.shape) == (n, a.hidden_size)
+            ok = ok and (entry.deepstack is not None or a.architecture != "qwen3_vl")
+        else:
+            ok = entry.has_kv
+        if not (ok and kv_ok):
             log.warning("cache entry %s does not match this model's shapes; treated as a miss",
                         key[:24])
             self.store.delete(key)
-        return ok
+        return ok and kv_ok
 
     def _segments(self, prompt: Prompt, policy: Policy, encoded: dict[str, EncodedImage],
                   entries: dict[str, ImageEntry], held: set[str], embeds: torch.Tensor,
                   contexts: list[torch.Tensor], capture: bool) -> list[SegmentInput]:
         segments, captured = [], set(held)
-        for im, context in zip(prompt.images, contexts, strict=True):
-            enc = encoded[im.key]
-            embeds[im.start:im.start + im.num_tokens] = enc.embeds
-            entry = entries.get(im.key)
-            seg = SegmentInput(im.start, im.num_tokens, deepstack=enc.deepstack)
+        for sp, context in zip(prompt.segments, contexts, strict=True):
+            enc = encoded.get(sp.key)
+            if enc is not None:
+                embeds[sp.start:sp.start + sp.num_tokens] = enc.embeds
+            entry = entries.get(sp.key)
+            seg = SegmentInput(sp.start, sp.num_tokens,
+                               deepstack=enc.deepstack if enc is not None else None)
             if (entry is not None and entry.has_kv and policy.reuse_kv
                     and policy.may_reuse(entry.context, context)):
                 seg.cached_keys = entry.keys.to(self.adapter.dtype)
                 seg.cached_values = entry.values.to(self.adapter.dtype)
-                seg.schedule = policy.schedule(im.num_tokens, self.adapter.num_layers)
-            elif capture or im.key not in captured:
+                seg.schedule = policy.schedule(sp.num_tokens, self.adapter.num_layers)
+            elif capture or sp.key not in captured:
                 seg.capture = True
-                captured.add(im.key)
+                captured.add(sp.key)
             segments.append(seg)
         return segments
 
@@ -263,14 +275,14 @@ class Engine:
                      contexts: list[torch.Tensor], held: set[str]
                      ) -> list[tuple[str, ImageEntry]]:
         pending, done = [], set(held)
-        for i, (im, seg) in enumerate(zip(prompt.images, segments, strict=True)):
-            if i not in out.captured or im.key in done:
+        for i, (sp, seg) in enumerate(zip(prompt.segments, segments, strict=True)):
+            if i not in out.captured or sp.key in done:
                 continue
-            done.add(im.key)
+            done.add(sp.key)
             keys, values = out.captured[i]
-            enc = encoded[im.key]
-            pending.append((im.key, ImageEntry(
-                embeds=enc.embeds, deepstack=enc.deepstack,
+            enc = encoded.get(sp.key)
+            pending.append((sp.key, ImageEntry(
+                embeds=enc.embeds if enc else None, deepstack=enc.deepstack if enc else None,
                 keys=keys.to(self._put_dtype), values=values.to(self._put_dtype),
                 positions=positions[:, seg.start:seg.start + seg.length].clone(),
                 context=contexts[i])))
@@ -288,14 +300,23 @@ class Engine:
         run.pending = []
 
 
-def _account(stats: RequestStats, segments: list[SegmentInput], out: PrefillOutput) -> None:
-    reused = [s for s in segments if s.reused]
+def _account(stats: RequestStats, prompt: Prompt, segments: list[SegmentInput],
+             out: PrefillOutput) -> None:
+    """Reused and recomputed tokens of KV-reused segments, as layer means, by kind."""
     layers = max(len(out.computed_per_layer), 1)
-    stats.images_kv_reused = len(reused)
     stats.computed_per_layer = out.computed_per_layer
-    computed = sum(sum(c) for c in out.reused_computed) / layers
-    stats.image_tokens_recomputed = computed
-    stats.image_tokens_reused = sum(s.length for s in reused) - computed
+    computed = iter(out.reused_computed)  # one list per reused segment, in order
+    for sp, seg in zip(prompt.segments, segments, strict=True):
+        if not seg.reused:
+            continue
+        recomputed = sum(next(computed)) / layers
+        if isinstance(sp, PreparedImage):
+            stats.images_kv_reused += 1
+            stats.image_tokens_recomputed += recomputed
+            stats.image_tokens_reused += seg.length - recomputed
+        else:
+            stats.documents_reused += 1
+            stats.text_tokens_reused += seg.length - recomputed
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:

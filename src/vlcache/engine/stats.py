@@ -17,6 +17,9 @@ class RequestStats:
     image_tokens: int = 0
     image_tokens_reused: float = 0.0  # KV-reused image tokens, averaged over layers
     image_tokens_recomputed: float = 0.0  # of the reused images' tokens, computed (layer mean)
+    documents: int = 0  # reusable text segments in the prompt
+    documents_reused: int = 0  # whose KV was reused
+    text_tokens_reused: float = 0.0  # their tokens not computed, averaged over layers
     computed_per_layer: list[int] = field(default_factory=list)  # |C_l|
     vision_s: float = 0.0
     load_s: float = 0.0  # reading entries from the store
@@ -27,8 +30,8 @@ class RequestStats:
 
     @property
     def cached_tokens(self) -> int:
-        """Reused image tokens, as OpenAI's usage.prompt_tokens_details.cached_tokens."""
-        return int(round(self.image_tokens_reused))
+        """Reused tokens (images and documents), as OpenAI's prompt_tokens_details."""
+        return int(round(self.image_tokens_reused + self.text_tokens_reused))
 
     def to_dict(self) -> dict:
         return {**asdict(self), "cached_tokens": self.cached_tokens}

@@ -1,8 +1,9 @@
-"""One adapter over the Qwen2-VL, Qwen2.5-VL and Qwen3-VL models of `transformers`.
+"""Adapters over `transformers` decoder models: Qwen2-VL / Qwen2.5-VL / Qwen3-VL and text-only.
 
-It exposes the pieces the selective prefill needs and nothing else: the vision tower, the model's
-own M-RoPE positions (`get_rope_index`) and rotary tables, and per-layer halves (input norm + QKV,
-then output projection + MLP) so the reuse loop can run each layer on any subset of tokens.
+They expose the pieces the selective prefill needs and nothing else: the model's own positions
+(`get_rope_index` M-RoPE for the VL models, 0..S-1 for text-only ones) and rotary tables, a
+decoder layer in two halves (input norm + QKV, then output projection + MLP) so the reuse loop
+can run each layer on any subset of tokens, and, for the VL models, the vision tower.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ SUPPORTED_ARCHITECTURES = {
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
 }
+TEXT_ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "llama": "LlamaForCausalLM",
+}
 
 
 @dataclass
@@ -26,84 +32,47 @@ class EncodedImage:
     deepstack: torch.Tensor | None  # [D, N, H] (Qwen3-VL) or None
 
 
-class QwenVLAdapter:
-    """Wraps a loaded HF Qwen-VL model; all tensors are for a single sequence (no batch dim)."""
+class DecoderAdapter:
+    """The decoder stack of a loaded HF model; tensors are for one sequence (no batch dim)."""
 
-    def __init__(self, model: torch.nn.Module, fingerprint: ModelFingerprint) -> None:
-        config = model.config
-        if config.model_type not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {config.model_type!r}")
-        text = config.text_config
-        if getattr(text, "use_sliding_window", False):
+    image_token_id: int | None = None  # None: the model takes no images
+
+    def __init__(self, model: torch.nn.Module, lm: torch.nn.Module, text_config,
+                 fingerprint: ModelFingerprint) -> None:
+        if getattr(text_config, "use_sliding_window", False):
             raise ValueError("sliding-window attention checkpoints are not supported")
         self.model = model
         self.fingerprint = fingerprint
-        self.architecture: str = config.model_type
-        lm = model.model.language_model
+        self.architecture: str = model.config.model_type
         self.layers = lm.layers
         self.norm = lm.norm
         self.embed_tokens = lm.embed_tokens
         self.rotary = lm.rotary_emb
         self.lm_head = model.lm_head
-        self.visual = model.model.visual
         attn = self.layers[0].self_attn
         self.num_layers: int = len(self.layers)
-        self.hidden_size: int = text.hidden_size
-        self.num_heads: int = text.num_attention_heads
-        self.kv_heads: int = text.num_key_value_heads
+        self.hidden_size: int = text_config.hidden_size
+        self.num_heads: int = text_config.num_attention_heads
+        self.kv_heads: int = text_config.num_key_value_heads
         self.head_dim: int = attn.head_dim
         self.scaling: float = attn.scaling
         self.qk_norm: bool = hasattr(attn, "k_norm")
-        self.image_token_id: int = config.image_token_id
-        self.vision_start_id: int = config.vision_start_token_id
-        self.vision_end_id: int = config.vision_end_token_id
         self.dtype: torch.dtype = next(model.parameters()).dtype
         self.device: torch.device = next(model.parameters()).device
-
-    # --- vision -----------------------------------------------------------------------------
-
-    def encode_images(
-        self,
-        pixel_values: torch.Tensor,  # [P_total, C*T*ps*ps] patches of all images, concatenated
-        grid_thw: torch.Tensor,  # [I, 3]
-    ) -> list[EncodedImage]:
-        out = self.model.model.get_image_features(
-            pixel_values.to(self.device), grid_thw.to(self.device), return_dict=True
-        )
-        deep = getattr(out, "deepstack_features", None)
-        images = []
-        for i, embeds in enumerate(out.pooler_output):
-            ds = torch.stack([d[i] for d in deep]) if deep else None
-            images.append(EncodedImage(embeds.to(self.dtype), ds))
-        return images
-
-    def tokens_for_grid(self, grid_thw: torch.Tensor) -> int:
-        merge = self.model.config.vision_config.spatial_merge_size
-        return int(grid_thw.prod()) // (merge * merge)
-
-    # --- positions ----------------------------------------------------------------------------
 
     def positions(
         self,
         input_ids: torch.Tensor,  # [S]
         grid_thw: torch.Tensor | None,  # [I, 3]
     ) -> torch.Tensor:  # [3, S]
-        """M-RoPE positions from the model's own get_rope_index (text-only: 0..S-1 on all axes)."""
-        is_image = input_ids == self.image_token_id
-        if grid_thw is None or not bool(is_image.any()):
-            return torch.arange(input_ids.shape[0], device=input_ids.device).expand(3, -1)
-        pos, _ = self.model.model.get_rope_index(
-            input_ids[None], mm_token_type_ids=is_image.int()[None], image_grid_thw=grid_thw
-        )
-        return pos[:, 0]
+        """Positions on three axes (all equal for text); text-only models use axis 0."""
+        return torch.arange(input_ids.shape[0], device=input_ids.device).expand(3, -1)
 
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [S, head_dim] for 3-axis positions [3, S], as the model computes them."""
+        """cos, sin [S, head_dim] for positions [3, S], as the model computes them."""
         dummy = torch.empty(0, dtype=self.dtype, device=self.device)
-        cos, sin = self.rotary(dummy, positions[:, None, :].to(self.device))
+        cos, sin = self.rotary(dummy, positions[0][None].to(self.device))
         return cos[0], sin[0]
-
-    # --- one decoder layer in two halves ------------------------------------------------------
 
     def qkv(
         self, layer: int, x: torch.Tensor  # [c, H]
@@ -133,3 +102,60 @@ class QwenVLAdapter:
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [S] -> [S, H]
         return self.embed_tokens(input_ids.to(self.device))
+
+
+class TextAdapter(DecoderAdapter):
+    """A text-only causal LM (Qwen2, Qwen3, Llama layouts): 1-D RoPE, no vision tower."""
+
+    def __init__(self, model: torch.nn.Module, fingerprint: ModelFingerprint) -> None:
+        if model.config.model_type not in TEXT_ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {model.config.model_type!r}")
+        super().__init__(model, model.model, model.config, fingerprint)
+
+
+class QwenVLAdapter(DecoderAdapter):
+    """Qwen2-VL, Qwen2.5-VL, Qwen3-VL: adds the vision tower and the model's M-RoPE positions."""
+
+    def __init__(self, model: torch.nn.Module, fingerprint: ModelFingerprint) -> None:
+        config = model.config
+        if config.model_type not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {config.model_type!r}")
+        super().__init__(model, model.model.language_model, config.text_config, fingerprint)
+        self.visual = model.model.visual
+        self.image_token_id = config.image_token_id
+        self.vision_start_id: int = config.vision_start_token_id
+        self.vision_end_id: int = config.vision_end_token_id
+
+    def encode_images(
+        self,
+        pixel_values: torch.Tensor,  # [P_total, C*T*ps*ps] patches of all images, concatenated
+        grid_thw: torch.Tensor,  # [I, 3]
+    ) -> list[EncodedImage]:
+        out = self.model.model.get_image_features(
+            pixel_values.to(self.device), grid_thw.to(self.device), return_dict=True
+        )
+        deep = getattr(out, "deepstack_features", None)
+        images = []
+        for i, embeds in enumerate(out.pooler_output):
+            ds = torch.stack([d[i] for d in deep]) if deep else None
+            images.append(EncodedImage(embeds.to(self.dtype), ds))
+        return images
+
+    def tokens_for_grid(self, grid_thw: torch.Tensor) -> int:
+        merge = self.model.config.vision_config.spatial_merge_size
+        return int(grid_thw.prod()) // (merge * merge)
+
+    def positions(self, input_ids: torch.Tensor, grid_thw: torch.Tensor | None) -> torch.Tensor:
+        """M-RoPE positions from the model's own get_rope_index (text-only: 0..S-1 on all axes)."""
+        is_image = input_ids == self.image_token_id
+        if grid_thw is None or not bool(is_image.any()):
+            return super().positions(input_ids, grid_thw)
+        pos, _ = self.model.model.get_rope_index(
+            input_ids[None], mm_token_type_ids=is_image.int()[None], image_grid_thw=grid_thw
+        )
+        return pos[:, 0]
+
+    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dummy = torch.empty(0, dtype=self.dtype, device=self.device)
+        cos, sin = self.rotary(dummy, positions[:, None, :].to(self.device))
+        return cos[0], sin[0]

@@ -47,6 +47,9 @@ TINY = {
     "qwen3_vl": SyntheticSpec("qwen3_vl", 64, 4, 4, 2, 128, 32, 3, 2, 64, head_dim=16),
 }
 
+TEXT_ARCHS = ("qwen2", "qwen3", "llama")
+TINY_TEXT = {a: SyntheticSpec(a, 64, 4, 4, 2, 128, 0, 0, 0, 0, head_dim=16) for a in TEXT_ARCHS}
+
 # Real sizes (language model and vision tower as published), random weights.
 SIZES = {
     "qwen2_5_vl-3b": SyntheticSpec("qwen2_5_vl", 2048, 36, 16, 2, 11008, 1280, 32, 16, 3420),
@@ -54,7 +57,8 @@ SIZES = {
     "qwen2_vl-2b": SyntheticSpec("qwen2_vl", 1536, 28, 12, 2, 8960, 1280, 32, 16, 5120),
     "qwen3_vl-4b": SyntheticSpec("qwen3_vl", 2560, 36, 32, 8, 9728, 1024, 24, 16, 4096,
                                  head_dim=128),
-    **{f"tiny-{k}": v for k, v in TINY.items()},
+    "qwen2-0.5b": SyntheticSpec("qwen2", 896, 24, 14, 2, 4864, 0, 0, 0, 0),
+    **{f"tiny-{k}": v for k, v in (TINY | TINY_TEXT).items()},
 }
 
 
@@ -114,6 +118,19 @@ def _config(spec: SyntheticSpec, tokenizer, vocab_size: int):
     return Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
 
 
+def _text_config(arch: str, spec: SyntheticSpec, tokenizer, vocab_size: int):
+    from transformers import AutoConfig
+
+    head_dim = spec.head_dim or spec.hidden // spec.heads
+    extra = {"head_dim": head_dim} if arch in {"qwen3", "llama"} else {}
+    return AutoConfig.for_model(
+        arch, vocab_size=vocab_size, hidden_size=spec.hidden, num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
+        intermediate_size=spec.intermediate, max_position_embeddings=32768,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **extra)
+
+
 def build_image_processor(arch: str, max_pixels: int = 1024 * 28 * 28):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
@@ -125,12 +142,17 @@ def build_image_processor(arch: str, max_pixels: int = 1024 * 28 * 28):
 
 
 def build_model(spec: SyntheticSpec, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """A random-initialised model of `spec` and its tokenizer and image processor."""
-    from transformers import AutoModelForImageTextToText
+    """A random-initialised model of `spec`, its tokenizer and its image processor (None for
+    the text-only architectures qwen2, qwen3, llama)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     tokenizer = build_tokenizer()
-    config = _config(spec, tokenizer, vocab_size=max(len(tokenizer), 320))
+    vocab = max(len(tokenizer), 320)
     torch.manual_seed(seed)
+    if spec.arch in TEXT_ARCHS:
+        config = _text_config(spec.arch, spec, tokenizer, vocab)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval(), tokenizer, None
+    config = _config(spec, tokenizer, vocab_size=vocab)
     model = AutoModelForImageTextToText.from_config(config, dtype=dtype).eval()
     return model, tokenizer, build_image_processor(spec.arch)
 
@@ -143,6 +165,7 @@ def save_checkpoint(out: str | Path, spec: SyntheticSpec | str, seed: int = 0,
     model, tokenizer, processor = build_model(spec, seed=seed, dtype=dtype)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    processor.save_pretrained(out)
+    if processor is not None:
+        processor.save_pretrained(out)
     (out / "vlcache_synthetic.json").write_text(json.dumps({"spec": spec.__dict__, "seed": seed}))
     return out
