@@ -9,6 +9,7 @@ import sys
 # name -> (module, help); each module exposes `add_arguments(parser)` and `run(args) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("vlcache.commands.generate", "answer prompts about images through the cache"),
+    "serve": ("vlcache.commands.serve", "OpenAI-compatible HTTP server with the image cache"),
     "fixture": ("vlcache.fixture.cli", "build, train or evaluate the trained fixture VLM"),
     "profile": ("vlcache.commands.profile", "measure layer sensitivity and write a recompute plan"),
     "eval": ("vlcache.commands.evaluate", "compare reuse policies against full recompute"),
