@@ -117,3 +117,15 @@ def test_max_tokens_and_stop_strings(engine):
     assert res.text.startswith(cut.text)
     with pytest.raises(ValueError, match="max_tokens"):
         engine.generate(messages, max_tokens=0)
+
+
+def test_should_stop_cancels_between_decoding_steps(engine):
+    asked = []
+
+    def stop_after_three() -> bool:
+        asked.append(1)
+        return len(asked) >= 3
+
+    deltas = list(engine.stream([user("Count:")], max_tokens=50, should_stop=stop_after_three))
+    result = deltas[-1].result
+    assert result.finish_reason == "cancelled" and len(result.token_ids) == 3

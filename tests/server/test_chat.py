@@ -95,3 +95,17 @@ def test_models_health_metrics(serve):
     metrics = httpx.get(f"{base}/metrics")
     assert metrics.status_code == 200 and "vlcache_queue_depth 0.0" in metrics.text
     assert "vlcache_store_bytes" in metrics.text
+
+
+def test_text_part_marked_cache_is_a_reusable_document(serve):
+    c = client(serve())
+    doc = {"type": "text", "text": "The river Omblen flows through Tarsk.", "cache": True}
+    first = c.chat.completions.create(messages=[
+        {"role": "user", "content": [doc, {"type": "text", "text": " Summarize."}]}], **GREEDY)
+    second = c.chat.completions.create(messages=[
+        {"role": "system", "content": "Another context."},
+        {"role": "user", "content": [{"type": "text", "text": "Where? "}, doc]}], **GREEDY)
+    assert first.usage.vlcache["documents"] == 1 and first.usage.vlcache["documents_reused"] == 0
+    assert second.usage.vlcache["documents_reused"] == 1
+    assert second.usage.prompt_tokens_details.cached_tokens == \
+        second.usage.vlcache["text_tokens_reused"] > 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,13 +94,18 @@ class Engine:
         raise RuntimeError("generation ended without a result")
 
     def stream(self, messages: list[dict[str, Any]], policy: Policy | Plan | str | None = None,
+               should_stop: Callable[[], bool] | None = None,
                **sampling: Any) -> Iterator[StreamDelta]:
-        """Like generate, yielding text as it is produced; the last delta carries the result."""
+        """Like generate, yielding text as it is produced; the last delta carries the result.
+
+        `should_stop` is asked before every decoding step (e.g. "has the client gone?"); when it
+        answers True, generation ends with finish_reason "cancelled".
+        """
         if "stop" in sampling and isinstance(sampling["stop"], str):
             sampling["stop"] = (sampling["stop"],)
         params = SamplingParams(**{k: tuple(v) if k == "stop" else v
                                    for k, v in sampling.items() if v is not None})
-        yield from self._generate(messages, self._policy(policy), params)
+        yield from self._generate(messages, self._policy(policy), params, should_stop)
 
     def prefill(self, messages: list[dict[str, Any]], policy: Policy | Plan | str | None = None,
                 max_new_tokens: int = 1, keep_hidden: bool = False,
@@ -123,8 +128,8 @@ class Engine:
     def _policy(self, policy: Policy | Plan | str | None) -> Policy:
         return self.policy if policy is None else parse_policy(policy)
 
-    def _generate(self, messages: list[dict[str, Any]], policy: Policy,
-                  params: SamplingParams) -> Generator[StreamDelta, None, None]:
+    def _generate(self, messages: list[dict[str, Any]], policy: Policy, params: SamplingParams,
+                  should_stop: Callable[[], bool] | None) -> Generator[StreamDelta, None, None]:
         start = time.perf_counter()
         run = self._prefill(messages, policy, params.max_tokens, False, start, False)
         stats = run.stats
@@ -149,6 +154,9 @@ class Engine:
                 text, reason = text[:cut], "stop"
                 break
             if len(tokens) >= params.max_tokens:
+                break
+            if should_stop is not None and should_stop():
+                reason = "cancelled"
                 break
             safe = len(text) - holdback if not text.endswith("\ufffd") else emitted
             if safe > emitted:

@@ -102,7 +102,10 @@ def load_image(source: Any, where: str, limits: Limits) -> Image.Image:
         return image.convert("RGB")
     except Image.DecompressionBombError:  # PIL refuses before our own limit is checked
         raise _too_large(where, "so many pixels that PIL refuses it", limits) from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+    except UnidentifiedImageError:
+        raise RequestError(f"{where}: cannot read the image (not a recognised image format)",
+                           param=where, code="invalid_image") from None
+    except (OSError, SyntaxError, ValueError) as e:
         if isinstance(e, RequestError):
             raise
         raise RequestError(f"{where}: cannot read the image ({e})", param=where,

@@ -165,7 +165,7 @@ async def engine_messages(messages: list[Message], media: MediaResolver) -> list
                 parts.append({"type": "image", "image": await media.load(part.image_url.url,
                                                                           where)})
             else:
-                parts.append({"type": "text", "text": part.text or ""})
+                parts.append({"type": "text", "text": part.text or "", "cache": part.cache})
         out.append({"role": "system" if m.role == "developer" else m.role, "content": parts})
     return out
 
@@ -182,6 +182,8 @@ def usage(result: GenerationResult, queue_s: float) -> Usage:
             images_missed=s.images_missed, images_kv_reused=s.images_kv_reused,
             image_tokens=s.image_tokens, image_tokens_reused=round(s.image_tokens_reused),
             image_tokens_recomputed=round(s.image_tokens_recomputed, 3),
+            documents=s.documents, documents_reused=s.documents_reused,
+            text_tokens_reused=round(s.text_tokens_reused),
             ttft_s=round(s.ttft_s, 6), vision_s=round(s.vision_s, 6),
             queue_s=round(queue_s, 6)))
 

@@ -26,11 +26,16 @@ class ImageURL(BaseModel):
 
 
 class ContentPart(BaseModel):
-    """One part of a message: `{"type": "text", "text"}` or `{"type": "image_url", ...}`."""
+    """One part of a message: `{"type": "text", "text"}` or `{"type": "image_url", ...}`.
+
+    vlcache extension: `{"type": "text", "text": ..., "cache": true}` marks a reusable text
+    segment (a document), cached and reused wherever it appears, like an image.
+    """
 
     type: Literal["text", "image_url"]
     text: str | None = None
     image_url: ImageURL | None = None
+    cache: bool = False
 
     @model_validator(mode="after")
     def _has_its_field(self) -> ContentPart:
@@ -117,6 +122,9 @@ class CacheUsage(BaseModel):
     image_tokens: int
     image_tokens_reused: int  # prompt_tokens_details.cached_tokens counts images and documents
     image_tokens_recomputed: float  # of the reused images' tokens, mean over layers
+    documents: int = 0  # text parts marked "cache": true
+    documents_reused: int = 0
+    text_tokens_reused: int = 0
     ttft_s: float  # engine time to first token (queue wait not included)
     vision_s: float
     queue_s: float  # time spent waiting for the model worker

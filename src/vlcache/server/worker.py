@@ -144,7 +144,9 @@ class ModelWorker:
         if job.abandoned:
             return
         try:
-            for delta in self.engine.stream(job.messages, **job.sampling):
+            stream = self.engine.stream(job.messages, should_stop=lambda: job.abandoned,
+                                        **job.sampling)
+            for delta in stream:
                 if job.abandoned:
                     return  # the abandoned generator is closed as it goes out of scope
                 if delta.text:
