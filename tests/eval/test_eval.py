@@ -123,6 +123,10 @@ def test_profile_and_eval_commands(tiny_checkpoints, tmp_path):
     assert {s["split"] for s in summary} == {"plan", "heldout"}
     assert not any(s["family"] == "cacheblend" and s["budget"] == "0.1" for s in summary)
     assert (out / "agreement.png").stat().st_size > 0 and (out / "summary.md").exists()
+    with (out / "objectives.csv").open() as f:
+        objectives = {float(r["budget"]): r for r in csv.DictReader(f)}
+    assert float(objectives[0.5]["dp"]) <= float(objectives[0.5]["greedy"]) + 1e-9
+    assert float(objectives[0.5]["dp"]) <= float(objectives[0.5]["static"]) + 1e-9
     assert "cacheblend@0.1" in " ".join(json.loads((out / "run.json").read_text())["skipped"])
 
 
@@ -132,3 +136,18 @@ def test_commands_report_bad_input(tiny_checkpoints, tmp_path, capsys):
                  "--budget", "-1", "--out", str(tmp_path / "p.json")]) == 2
     assert "budget" in capsys.readouterr().err
     assert main(["eval", "--model", str(tmp_path), "--data", "random"]) == 2
+
+
+def test_greedy_stops_soon_after_leaving_the_reference(tiny_checkpoints):
+    from tests.conftest import user
+    from vlcache.engine import Engine
+    from vlcache.eval.runner import greedy
+
+    engine = Engine.from_pretrained(tiny_checkpoints["qwen2_5_vl"])
+    engine.stop_ids = set()  # a random model may end at any time; make it talk
+    run = engine.prefill([user(random_image(60), "Say something.")], max_new_tokens=16)
+    free = greedy(engine, run, 16)
+    assert len(free) == 16
+    run = engine.prefill([user(random_image(60), "Say something.")], max_new_tokens=16)
+    wrong_second = [free[0], free[1] + 1] + free[2:]
+    assert greedy(engine, run, 16, reference=wrong_second, after_divergence=3) == free[:5]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from vlcache.commands.profile import add_data_arguments, load_halves
 
-DEFAULT_POLICIES = "naive,prefix,static,epic,cacheblend,kvshare,vlcache,vlcache-greedy"
+DEFAULT_POLICIES = "naive,prefix,static,epic,cacheblend,kvshare,vlcache"
 DEFAULT_BUDGETS = "0.01,0.02,0.05,0.1,0.2"
 
 
@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None,
                    help="take the sensitivity table from this plan file instead of profiling "
                         "the planning half")
+    p.add_argument("--profile-limit", type=int, default=None,
+                   help="profile on at most this many planning-half prompts (default: all)")
     p.add_argument("--out", default="eval-out", help="output directory")
 
 
@@ -55,28 +57,52 @@ def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, p
     return arms, skipped
 
 
-def run(args: argparse.Namespace) -> int:
-    from vlcache.eval import report
+def _profile(args: argparse.Namespace, engine, first, examples, tokens, budgets, out: Path):
+    """The sensitivity profile for the vlcache families: from --profile, or measured on the
+    planning half (and its 5% plan saved beside the results); None if no family needs it."""
     from vlcache.eval.datasets import describe
-    from vlcache.eval.runner import evaluate
-    from vlcache.models.loading import ModelLoadError
     from vlcache.plan import Plan
     from vlcache.planner.profile import load_profile, make_plan, profile
+
+    if args.profile:
+        return load_profile(Plan.load(args.profile))
+    if not any(t.startswith("vlcache") and ":" not in t for t in tokens):
+        return None
+    described = describe(args.data, examples) | {"half": "plan", "kinds": args.kinds,
+                                                  "profiled": args.profile_limit}
+    prof = profile(engine, first[:args.profile_limit], args.grid, described)
+    out.mkdir(parents=True, exist_ok=True)
+    make_plan(prof, 0.05 if 0.05 in budgets else budgets[0]).save(out / "plan.json")
+    return prof
+
+
+def _write(out: Path, rows, prof, budgets: list[float], title: str, run_info: dict) -> str:
+    from vlcache.eval import report
+    from vlcache.planner.profile import objectives
+
+    summary = report.summarize(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_csv([r.as_dict() for r in rows], out / "rows.csv")
+    report.write_csv(summary, out / "summary.csv")
+    if prof is not None:
+        report.write_csv(objectives(prof, budgets), out / "objectives.csv")
+    table = report.markdown(summary, budgets)
+    (out / "summary.md").write_text(table)
+    (out / "run.json").write_text(json.dumps(run_info, indent=2, default=str))
+    report.plot(summary, out / "agreement.png", title)
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    from vlcache.eval.runner import evaluate
+    from vlcache.models.loading import ModelLoadError
 
     tokens = [t.strip() for t in args.policies.split(",") if t.strip()]
     budgets = [float(b) for b in args.budgets.split(",") if b.strip()]
     out = Path(args.out)
     try:
         engine, first, second, examples = load_halves(args)
-        if args.profile:
-            prof = load_profile(Plan.load(args.profile))
-        elif any(t.startswith("vlcache") and ":" not in t for t in tokens):
-            prof = profile(engine, first, args.grid, describe(args.data, examples) | {
-                "half": "plan", "kinds": args.kinds})
-            out.mkdir(parents=True, exist_ok=True)
-            make_plan(prof, 0.05 if 0.05 in budgets else budgets[0]).save(out / "plan.json")
-        else:
-            prof = None
+        prof = _profile(args, engine, first, examples, tokens, budgets, out)
         counts = [im.num_tokens for c in first + second
                   for im in engine.builder.build(c.messages).images]
         arms, skipped = _arms(tokens, budgets, engine, sum(counts) / len(counts), prof)
@@ -86,17 +112,8 @@ def run(args: argparse.Namespace) -> int:
     for line in skipped:
         print(f"skipped {line}", file=sys.stderr)
     rows = evaluate(engine, first, arms, "plan") + evaluate(engine, second, arms, "heldout")
-    summary = report.summarize(rows)
-    out.mkdir(parents=True, exist_ok=True)
-    report.write_csv([r.as_dict() for r in rows], out / "rows.csv")
-    report.write_csv(summary, out / "summary.csv")
-    table = report.markdown(summary, budgets)
-    (out / "summary.md").write_text(table)
-    (out / "run.json").write_text(json.dumps({
-        "args": vars(args) | {"func": None}, "skipped": skipped,
-        "mean_image_tokens": sum(counts) / len(counts), "cases": [len(first), len(second)],
-    }, indent=2, default=str))
-    report.plot(summary, out / "agreement.png", f"{args.data} · {Path(args.model).name}")
-    print(table)
-    print(f"wrote {out}/rows.csv, summary.csv, summary.md, agreement.png")
+    info = {"args": vars(args), "skipped": skipped, "cases": [len(first), len(second)],
+            "mean_image_tokens": sum(counts) / len(counts)}
+    print(_write(out, rows, prof, budgets, f"{args.data} · {Path(args.model).name}", info))
+    print(f"wrote {out}/: rows.csv, summary.csv, summary.md, agreement.png, run.json")
     return 0

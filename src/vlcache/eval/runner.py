@@ -48,15 +48,25 @@ class Row:
         return asdict(self)
 
 
-def greedy(engine: Engine, run: PrefillRun, max_tokens: int = MAX_TOKENS) -> list[int]:
-    """Greedy continuation of a prefilled request (stops at an end-of-turn token)."""
+def greedy(engine: Engine, run: PrefillRun, max_tokens: int = MAX_TOKENS,
+           reference: list[int] | None = None, after_divergence: int = 4) -> list[int]:
+    """Greedy continuation of a prefilled request (stops at an end-of-turn token).
+
+    With a `reference`, decoding also stops `after_divergence` tokens after the first token
+    that differs from it: the exact match is decided, and the first word (for accuracy) is out.
+    """
     tokens: list[int] = []
     token = int(run.output.logits.argmax())
     position = int(run.positions.max()) + 1
+    diverged: int | None = None
     with torch.inference_mode():
         while token not in engine.stop_ids and len(tokens) < max_tokens:
             tokens.append(token)
-            if len(tokens) == max_tokens:
+            if diverged is None and reference is not None and (
+                    len(tokens) > len(reference) or reference[len(tokens) - 1] != token):
+                diverged = len(tokens)
+            if len(tokens) == max_tokens or (diverged is not None
+                                             and len(tokens) >= diverged + after_divergence):
                 break
             logits = decode_step(engine.adapter, run.output.cache, token, position)
             position += 1
@@ -77,7 +87,7 @@ def evaluate_case(engine: Engine, case: Case, arms: list[Arm], split: str,
     for arm in runs:
         run = engine.prefill(case.messages, policy=arm.policy, max_new_tokens=MAX_TOKENS,
                              store_entries=False)
-        tokens = greedy(engine, run)
+        tokens = greedy(engine, run, reference=ref_tokens)
         if ref is None:
             ref, ref_tokens = run.output.logits, tokens
         text = engine.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -95,3 +95,23 @@ def load_profile(plan: Plan) -> Profile:
     return Profile(list(s["ratios"]), np.asarray(s["table"], dtype=np.float64),
                    int(s.get("prompts", 0)), str(plan.meta.get("model", "")),
                    dict(plan.meta.get("dataset", {})))
+
+
+def objectives(prof: Profile, budgets: list[float]) -> list[dict]:
+    """Predicted Σ_l S_l(r_l) per budget: DP, greedy, static (where B is on the grid), naive."""
+    levels = len(prof.ratios) - 1
+    out = []
+    for b in budgets:
+        row = {"budget": b, "naive": float(prof.table[:, 0].sum()), "static": None,
+               "dp": None, "greedy": None, "dp_ratios": None}
+        g = round(b * levels)
+        if abs(g - b * levels) < 1e-9:
+            row["static"] = float(prof.table[:, g].sum())
+        try:
+            dp = allocate(prof, b, "dp")
+            row |= {"dp": dp.cost, "greedy": allocate(prof, b, "greedy").cost,
+                    "dp_ratios": " ".join(f"{r:g}" for r in dp.ratios)}
+        except ValueError:
+            pass
+        out.append(row)
+    return out

@@ -62,11 +62,13 @@ def _forward(adapter: QwenVLAdapter, h: torch.Tensor, rows: torch.Tensor, first:
     """Run R variants of rows `rows` ([c] sequence indices) from layer `first` to the end.
 
     h: [R, c, H] inputs at layer `first`; kv_at(l) gives [R or 1, S, kvh, d] rotated K/V for
-    every row at layer l (the rows in `rows` are overwritten). Returns [R, c, H].
+    every row at layer l (the rows in `rows` are overwritten). Returns the last row's output,
+    [R, H] (the last layer computes only that row's query and MLP: nothing else is read).
     """
     num, c, hidden = h.shape
     mask = torch.arange(cos.shape[0], device=h.device)[None, :] <= rows[:, None]  # [c, S]
     cos_r, sin_r = cos[rows].repeat(num, 1), sin[rows].repeat(num, 1)  # [R*c, d]
+    last = adapter.num_layers - 1
     for layer in range(first, adapter.num_layers):
         x = h.reshape(num * c, hidden)
         q, k, v = adapter.qkv(layer, x)
@@ -78,9 +80,14 @@ def _forward(adapter: QwenVLAdapter, h: torch.Tensor, rows: torch.Tensor, first:
             trace.inputs.append(h[0].clone())
             trace.keys.append(keys[0])
             trace.values.append(values[0])
-        out = _attend(q.view(num, c, *q.shape[1:]), keys, values, mask, adapter.scaling)
+        q = q.view(num, c, *q.shape[1:])
+        if layer == last:
+            q, mask, h = q[:, -1:], mask[-1:], h[:, -1:]
+            c = 1
+        out = _attend(q, keys, values, mask, adapter.scaling)
+        x = h.reshape(num * c, hidden)
         h = adapter.finish(layer, x, out.reshape(num * c, -1)).view(num, c, hidden)
-    return h
+    return h[:, -1]
 
 
 def _rotated(kv: KV, layer: int, cos: torch.Tensor, sin: torch.Tensor) -> KV:
@@ -138,8 +145,8 @@ def sensitivity(adapter: QwenVLAdapter, probe: ProbeInputs,
     cos, sin = adapter.rope_tables(probe.positions)  # [S, d]
     trace = _Trace([], [], [])
     h = adapter.embed(ids[text])[None]  # [1, T, H]
-    h = _forward(adapter, h, text, 0, _stale_kv(adapter, probe, cos, sin), cos, sin, trace)
-    naive = float(_error(adapter, h[:, -1], probe.target)[0])
+    out = _forward(adapter, h, text, 0, _stale_kv(adapter, probe, cos, sin), cos, sin, trace)
+    naive = float(_error(adapter, out, probe.target)[0])
     table = torch.full((adapter.num_layers, len(ratios)), naive, dtype=torch.float64)
     live = (text > min(s for s, _ in probe.spans)).nonzero().squeeze(1)  # text rows after
     rows = text[live]
@@ -154,6 +161,6 @@ def sensitivity(adapter: QwenVLAdapter, probe: ProbeInputs,
             return first if m == layer else (trace.keys[m][None], trace.values[m][None])
 
         h0 = trace.inputs[layer][live][None].expand(len(chosen), -1, -1)  # [R, c, H]
-        h = _forward(adapter, h0, rows, layer, kv_at, cos, sin)
-        table[layer, nonzero] = _error(adapter, h[:, -1], probe.target).double()
+        out = _forward(adapter, h0, rows, layer, kv_at, cos, sin)
+        table[layer, nonzero] = _error(adapter, out, probe.target).double()
     return table
