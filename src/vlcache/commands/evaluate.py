@@ -87,6 +87,8 @@ def _write(out: Path, rows, prof, budgets: list[float], title: str, run_info: di
     if prof is not None:
         report.write_csv(objectives(prof, budgets), out / "objectives.csv")
     table = report.markdown(summary, budgets)
+    if 0.05 in budgets:
+        table += "\n### by case kind (both halves)\n\n" + report.by_kind(rows, 0.05)
     (out / "summary.md").write_text(table)
     (out / "run.json").write_text(json.dumps(run_info, indent=2, default=str))
     report.plot(summary, out / "agreement.png", title)

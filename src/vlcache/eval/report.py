@@ -80,6 +80,23 @@ def markdown(summary: list[dict], budgets: list[float]) -> str:
     return "\n".join(parts)
 
 
+def by_kind(rows: list[Row], budget: float) -> str:
+    """Greedy exact match per case kind, both halves together, for the arms at `budget` and
+    the fixed policies."""
+    picked = [r for r in rows if r.budget in (None, budget) and r.family != "full"]
+    kinds = list(dict.fromkeys(r.kind for r in rows))
+    groups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in picked:
+        groups[r.policy][r.kind].append(float(r.exact))
+    lines = [f"| exact match at {_pct(budget)} | " + " | ".join(
+        f"{k} (n={sum(r.kind == k and r.family == 'full' for r in rows)})" for k in kinds) + " |",
+        "|---" * (len(kinds) + 1) + "|"]
+    for policy, per in groups.items():
+        lines.append(f"| {policy} | " + " | ".join(_pct(_mean(per.get(k, []))) for k in kinds)
+                     + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _pivot(rows: list[dict], budgets: list[float]) -> str:
     head = "| greedy exact match | " + " | ".join(_pct(b) for b in budgets) + " |"
     lines = [head, "|---" * (len(budgets) + 1) + "|"]
