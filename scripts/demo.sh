@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-MODEL=$(.venv/bin/vlcache fixture build --print-path)
+.venv/bin/vlcache fixture build
+MODEL=${VLCACHE_CACHE_DIR:-$HOME/.cache/vlcache}/fixture-qwen2_5_vl-0.5b
 exec .venv/bin/vlcache generate --model "$MODEL" --image examples/shapes.png \
   --system "You are a helpful assistant." --prompt "What colour is the circle?" \
   --system "You answer questions about pictures in one word." \
