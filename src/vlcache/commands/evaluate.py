@@ -1,7 +1,8 @@
 """`vlcache eval`: every policy at every budget against a full recompute; table, CSV, plot.
 
-The plan is profiled on one half of the examples and evaluated on both halves. Each image's
-cache is built in another context than the evaluated prompt (see vlcache.eval.cases).
+The plan is profiled on one half of the examples and evaluated on both halves. Each segment's
+(image's or document's) cache is built in another context than the evaluated prompt (see
+vlcache.eval.cases and vlcache.eval.reading).
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def _write(out: Path, rows, prof, budgets: list[float], title: str, run_info: di
     report.write_csv(summary, out / "summary.csv")
     if prof is not None:
         report.write_csv(objectives(prof, budgets), out / "objectives.csv")
+        report.plot_sensitivity(prof.ratios, prof.table, out / "sensitivity.png",
+                                f"S_l(r) · {title} · {prof.cases} prompts")
     table = report.markdown(summary, budgets)
     if 0.05 in budgets:
         table += "\n### by case kind (both halves)\n\n" + report.by_kind(rows, 0.05)
@@ -105,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine, first, second, examples = load_halves(args)
         prof = _profile(args, engine, first, examples, tokens, budgets, out)
-        counts = [im.num_tokens for c in first + second
-                  for im in engine.builder.build(c.messages).images]
+        counts = [seg.num_tokens for c in first + second
+                  for seg in engine.builder.build(c.messages).segments]
         arms, skipped = _arms(tokens, budgets, engine, sum(counts) / len(counts), prof)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache eval: {e}", file=sys.stderr)
@@ -115,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"skipped {line}", file=sys.stderr)
     rows = evaluate(engine, first, arms, "plan") + evaluate(engine, second, arms, "heldout")
     info = {"args": vars(args), "skipped": skipped, "cases": [len(first), len(second)],
-            "mean_image_tokens": sum(counts) / len(counts)}
+            "mean_segment_tokens": sum(counts) / len(counts)}
     print(_write(out, rows, prof, budgets, f"{args.data} · {Path(args.model).name}", info))
     print(f"wrote {out}/: rows.csv, summary.csv, summary.md, agreement.png, run.json")
     return 0

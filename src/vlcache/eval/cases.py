@@ -46,7 +46,7 @@ class Example:
 @dataclass
 class Case:
     messages: list[dict[str, Any]]  # the evaluated prompt
-    cache_messages: list[list[dict[str, Any]]]  # per image: the request that caches it
+    cache_messages: list[list[dict[str, Any]]]  # per segment: the request that caches it
     answer: str | None
     kind: str
     source: str
@@ -114,8 +114,9 @@ def split_examples(examples: list[Example]) -> tuple[list[Example], list[Example
 
 
 def prime(engine: Engine, case: Case) -> None:
-    """Cache each image of `case` in its own other context (replacing any earlier entry)."""
+    """Cache each segment (image or document) of `case` in its own other context (replacing any
+    earlier entry)."""
     for messages in case.cache_messages:
-        for image in engine.builder.build(messages).images:
-            engine.store.delete(image.key)
+        for segment in engine.builder.build(messages).segments:
+            engine.store.delete(segment.key)
         engine.prefill(messages, policy="full")

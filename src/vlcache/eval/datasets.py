@@ -4,7 +4,9 @@
   held-out seed, all question types in turn;
 - `mme` or `mme:SUBSET[,SUBSET...]`: the MME images and yes/no questions, read at run time from
   `../shared/eval/mme` (or `--mme-root`; never copied into the repository), subsets interleaved;
-- `random`: noise images with a generic question and no answer (for random-weight models).
+- `random`: noise images with a generic question and no answer (for random-weight models);
+- `reading` or `reading:SEED`: invented facts in 3–4 short documents and one question
+  (vlcache.eval.reading; documents instead of images, so text-only models can run it).
 
 Large images are scaled down to at most `max_image_tokens` image tokens, to keep CPU runs short.
 """
@@ -118,7 +120,7 @@ def load_random(limit: int, seed: int = 0) -> list[Example]:
 
 
 def load_examples(spec: str, limit: int = 48, mme: str | Path | None = None,
-                  max_tokens: int | None = 256) -> list[Example]:
+                  max_tokens: int | None = 256) -> list:
     """Examples for `synthetic`, `mme[:SUBSET,...]` or `random`, at most `limit` of them."""
     name, _, arg = spec.strip().partition(":")
     if name == "synthetic" and not arg:
@@ -127,7 +129,14 @@ def load_examples(spec: str, limit: int = 48, mme: str | Path | None = None,
         return load_mme(arg.split(",") if arg else None, limit, mme, max_tokens)
     if name == "random" and not arg:
         return load_random(limit)
-    raise ValueError(f"unknown data set {spec!r}: expected synthetic, mme[:SUBSET,...] or random")
+    if name == "reading":
+        from vlcache.eval.reading import load_reading
+
+        if arg and not arg.isdigit():
+            raise ValueError(f"reading takes an integer seed, got {arg!r}")
+        return load_reading(limit, int(arg) if arg else 7)
+    raise ValueError(f"unknown data set {spec!r}: expected synthetic, mme[:SUBSET,...], random "
+                     "or reading[:SEED]")
 
 
 def describe(spec: str, examples: list[Example]) -> dict:

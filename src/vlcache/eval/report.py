@@ -23,14 +23,14 @@ def summarize(rows: list[Row]) -> list[dict]:
         groups[(r.split, r.family, r.budget)].append(r)
     out = []
     for (split, family, budget), rs in groups.items():
-        tokens = sum(r.image_tokens for r in rs)
+        tokens = sum(r.segment_tokens for r in rs)
         judged = [float(r.correct) for r in rs if r.correct is not None]
         names = sorted({r.policy for r in rs})
         out.append({
             "split": split, "family": family, "budget": budget,
             "policy": names[0] if len(names) == 1 else f"{family} ({len(names)} settings)",
             "n": len(rs),
-            "computed": sum(r.computed * r.image_tokens for r in rs) / tokens if tokens else 1.0,
+            "computed": sum(r.computed * r.segment_tokens for r in rs) / tokens if tokens else 1.0,
             "exact": _mean([float(r.exact) for r in rs]),
             "top1": _mean([float(r.top1) for r in rs]),
             "kl": _mean([r.kl for r in rs]),
@@ -142,8 +142,40 @@ def _panel(ax, rows: list[dict], metric: str) -> None:
         if s["budget"] is None and s["family"] in {"naive"}:
             ax.axhline(s[metric], linestyle="--", color="gray", label="naive (0%)")
     ax.set_xscale("log")
-    ax.set_xlabel("computed share of reused image token-layers (measured)")
+    ax.set_xlabel("computed share of reused segment token-layers (measured)")
     ax.set_ylabel(metric)
     ax.set_ylim(-0.02, 1.02)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
+
+
+def plot_sensitivity(ratios: list[float], table, path: Path, title: str) -> None:
+    """S_l(r): one curve per layer (log scale, coloured by depth) and a layer × ratio heatmap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    table = np.asarray(table, dtype=float)
+    floor = max(float(table[table > 0].min()) if (table > 0).any() else 1e-12, 1e-12)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    cmap = plt.get_cmap("viridis")
+    for layer, row in enumerate(table):
+        left.plot(ratios, np.maximum(row, floor), color=cmap(layer / max(len(table) - 1, 1)),
+                  label=f"layer {layer}" if layer % 4 == 0 or layer == len(table) - 1 else None)
+    left.set_yscale("log")
+    left.set_xlabel("r: share of the segments' tokens recomputed at layer l only")
+    left.set_ylabel("S_l(r)")
+    left.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize=7, ncol=2)
+    image = right.imshow(np.log10(np.maximum(table, floor)), aspect="auto", origin="lower",
+                         extent=(ratios[0], ratios[-1], -0.5, len(table) - 0.5), cmap="magma")
+    right.set_xlabel("r")
+    right.set_ylabel("layer l")
+    fig.colorbar(image, ax=right, label="log10 S_l(r)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -35,8 +35,8 @@ class Row:
     family: str
     budget: float | None  # target; None for fixed policies
     policy: str
-    image_tokens: int
-    computed: float  # share of the image token-layers computed (1 = full)
+    segment_tokens: int  # tokens of the reusable segments (images and documents)
+    computed: float  # share of the segments' token-layers computed (1 = full)
     kl: float
     mse: float
     top1: bool
@@ -74,9 +74,14 @@ def greedy(engine: Engine, run: PrefillRun, max_tokens: int = MAX_TOKENS,
     return tokens
 
 
+def segment_tokens(run: PrefillRun) -> int:
+    return sum(seg.num_tokens for seg in run.prompt.segments)
+
+
 def _computed_share(run: PrefillRun) -> float:
-    s = run.stats
-    return 1.0 - s.image_tokens_reused / s.image_tokens if s.image_tokens else 1.0
+    total = segment_tokens(run)
+    reused = run.stats.image_tokens_reused + run.stats.text_tokens_reused
+    return 1.0 - reused / total if total else 1.0
 
 
 def evaluate_case(engine: Engine, case: Case, arms: list[Arm], split: str,
@@ -93,7 +98,7 @@ def evaluate_case(engine: Engine, case: Case, arms: list[Arm], split: str,
         text = engine.tokenizer.decode(tokens, skip_special_tokens=True)
         rows.append(Row(
             split=split, case=index, kind=case.kind, source=case.source, family=arm.family,
-            budget=arm.budget, policy=arm.policy.name, image_tokens=run.stats.image_tokens,
+            budget=arm.budget, policy=arm.policy.name, segment_tokens=segment_tokens(run),
             computed=_computed_share(run), kl=metrics.kl_divergence(ref, run.output.logits),
             mse=metrics.logits_mse(ref, run.output.logits),
             top1=metrics.top1_agrees(ref, run.output.logits), exact=tokens == ref_tokens,

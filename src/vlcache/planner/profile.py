@@ -37,10 +37,10 @@ def probe_inputs(engine: Engine, case: Case) -> ProbeInputs:
     prime(engine, case)
     run = engine.prefill(case.messages, policy="full", capture=True, store_entries=False)
     stale, exact, spans = [], [], []
-    for i, im in enumerate(run.prompt.images):
+    for i, im in enumerate(run.prompt.segments):  # images and documents
         entry = engine.store.get(im.key)
         if entry is None or not entry.has_kv:
-            raise RuntimeError(f"the cache of image {i} was not stored (store too small?)")
+            raise RuntimeError(f"the cache of segment {i} was not stored (store too small?)")
         stale.append((entry.keys.to(engine.adapter.dtype), entry.values.to(engine.adapter.dtype)))
         exact.append(run.output.captured[i])
         spans.append((im.start, im.num_tokens))
