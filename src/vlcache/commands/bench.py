@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import shlex
 import sys
 import time
@@ -27,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--policies", default=DEFAULT_POLICIES,
                    help="comma list; must include full. ramp:B is a monotone stand-in plan of "
                         f"mean B for random models (default {DEFAULT_POLICIES})")
-    t.add_argument("--repeat", type=int, default=5, help="interleaved rounds (default 5)")
+    t.add_argument("--repeat", type=int, default=5,
+                   help="interleaved rounds (default 5; 0 with --profile: profile only)")
     t.add_argument("--no-reference", action="store_true",
                    help="skip plain transformers generate")
     t.add_argument("--no-prefix-same", action="store_true",
@@ -35,8 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     t.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--profile", default=None, metavar="CASE",
-                   help="after the rounds, profile one CASE run at the largest size")
+    t.add_argument("--profile", default=None, metavar="CASES",
+                   help="after the rounds, profile one run of each case (comma list) at the "
+                        "largest size")
     t.add_argument("--out", default=None,
                    help="output prefix (default docs/bench/ttft-<model>)")
     r = sub.add_parser("render", help="redo a ttft report's tables and plots from its samples",
@@ -102,6 +105,8 @@ def _ttft(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.layers is not None and not args.arch:
         raise ValueError("--layers needs --arch")
+    if args.repeat < 0 or (args.repeat == 0 and not args.profile):
+        raise ValueError("--repeat must be positive (or 0 with --profile)")
     tokens = [int(x) for x in args.tokens.split(",") if x.strip()]
     command = _command(args)
     where = machine()
@@ -117,7 +122,7 @@ def _ttft(args: argparse.Namespace) -> int:
                f"the hit puts the cached image at new positions.")
     print(caption, flush=True)
     results, rows = [], []
-    for n in tokens:
+    for n in tokens if args.repeat > 0 else []:  # --repeat 0: only the profile
         started = time.perf_counter()
         res = measure_size(engine, n, policies, args.repeat, not args.no_reference,
                            not args.no_prefix_same, args.seed, on_sample=_progress(n))
@@ -126,13 +131,13 @@ def _ttft(args: argparse.Namespace) -> int:
         report.write_samples(results, Path(f"{out}-samples.csv"))
         _write(out, rows, results, caption, info.describe())
         print(f"N={n}: {time.perf_counter() - started:.0f} s", flush=True)
-    print(report.markdown_table(rows, caption, report.overhead_lines(results)))
-    if args.profile:
+    if rows:
+        print(report.markdown_table(rows, caption, report.overhead_lines(results)))
+    for case in (c.strip() for c in (args.profile or "").split(",") if c.strip()):
         from vlcache.bench.profile import profile_case
 
-        path = Path(f"{out}-profile-{args.profile.replace(':', '_')}.txt")
-        policy = policies.get(args.profile) or _policies(f"full,{args.profile}",
-                                                         engine.adapter.num_layers)[args.profile]
+        path = Path(f"{out}-profile-{re.sub(r'[^A-Za-z0-9._-]+', '_', case)}.txt")
+        policy = policies.get(case) or _policies(f"full,{case}", engine.adapter.num_layers)[case]
         profile_case(engine, max(tokens), policy, path, args.seed, header=caption)
         print(f"wrote {path}")
     return 0
