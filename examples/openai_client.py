@@ -41,8 +41,9 @@ def main() -> int:
     client = openai.OpenAI(base_url=args.base_url, api_key="not-needed")
     model = client.models.list().data[0].id
     url = image_url(args.image)
-    turns = [("You are a helpful assistant.", "What colour is the circle?"),
-             ("You answer in one word.", "Is there a square in the picture?")]
+    turns = [("You are a helpful assistant.",
+              "What color is the shape on the left? Answer with one word."),
+             ("You answer in one word.", "Is there a square in the picture? Answer with one word.")]
     for i, (system, question) in enumerate(turns, 1):
         answer = client.chat.completions.create(model=model, messages=ask(url, system, question),
                                                 max_tokens=args.max_tokens, temperature=0)
