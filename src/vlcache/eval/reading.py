@@ -63,17 +63,22 @@ class Doc:
     facts: tuple[Fact, ...]
 
 
+def _doc(kind: str, subject: str, opener: str, tail: str, facts: tuple[Fact, ...]) -> Doc:
+    """A document naming its subject (`opener tail`) and its anaphoric twin (same `tail`)."""
+    return Doc(kind, subject, f"{opener} {tail}",
+               f"The {kind} that visitors ask about in the previous document {tail}", facts)
+
+
 def _river(rng: random.Random, town: str) -> Doc:
     name, sea = _name(rng), _name(rng)
     length, colour, fish = rng.randint(40, 990), rng.choice(COLOURS), _name(rng, 2).lower()
     tail = (f"flows through {town} and ends in the Sea of {sea}. It is {length} kilometres long. "
             f"Its water looks {colour} in spring, and fishermen there catch the {fish}.")
-    return Doc("river", f"the river {name}", f"The river {name} {tail}",
-               f"The river that visitors ask about in the previous document {tail}",
-               (Fact(f"How many kilometres long is the river {name}?", str(length)),
-                Fact(f"What colour does the water of the river {name} look in spring?", colour),
-                Fact(f"Into which sea does the river {name} flow? (the name after 'Sea of')",
-                     sea)))
+    return _doc("river", f"the river {name}", f"The river {name}", tail,
+                (Fact(f"How many kilometres long is the river {name}?", str(length)),
+                 Fact(f"What colour does the water of the river {name} look in spring?", colour),
+                 Fact(f"Into which sea does the river {name} flow? (the name after 'Sea of')",
+                      sea)))
 
 
 def _town(rng: random.Random, town: str) -> Doc:
@@ -81,12 +86,11 @@ def _town(rng: random.Random, town: str) -> Doc:
     animal, colour = rng.choice(ANIMALS), rng.choice(COLOURS)
     tail = (f"was founded in the year {year} and has about {people} inhabitants. Its mayor is "
             f"Mayor {mayor}. The town flag is {colour} and shows a {animal}.")
-    return Doc("town", town, f"The town of {town} {tail}",
-               f"The town that visitors ask about in the previous document {tail}",
-               (Fact(f"In which year was the town of {town} founded?", str(year)),
-                Fact(f"What is the name of the mayor of {town}?", mayor),
-                Fact(f"Which animal is shown on the flag of {town}?", animal),
-                Fact(f"What colour is the flag of {town}?", colour)))
+    return _doc("town", town, f"The town of {town}", tail,
+                (Fact(f"In which year was the town of {town} founded?", str(year)),
+                 Fact(f"What is the name of the mayor of {town}?", mayor),
+                 Fact(f"Which animal is shown on the flag of {town}?", animal),
+                 Fact(f"What colour is the flag of {town}?", colour)))
 
 
 def _person(rng: random.Random, town: str) -> Doc:
@@ -95,12 +99,11 @@ def _person(rng: random.Random, town: str) -> Doc:
     pets = rng.randint(2, 9)
     tail = (f"was born in {town} in {year} and worked as a {job}. This person kept {pets} cats "
             f"and always wore a {colour} hat.")
-    return Doc("person", f"{first} {last}", f"{first} {last} {tail}",
-               f"The person that visitors ask about in the previous document {tail}",
-               (Fact(f"In which year was {first} {last} born?", str(year)),
-                Fact(f"What did {first} {last} work as?", job),
-                Fact(f"How many cats did {first} {last} keep?", str(pets)),
-                Fact(f"What colour was the hat of {first} {last}?", colour)))
+    return _doc("person", f"{first} {last}", f"{first} {last}", tail,
+                (Fact(f"In which year was {first} {last} born?", str(year)),
+                 Fact(f"What did {first} {last} work as?", job),
+                 Fact(f"How many cats did {first} {last} keep?", str(pets)),
+                 Fact(f"What colour was the hat of {first} {last}?", colour)))
 
 
 def _festival(rng: random.Random, town: str) -> Doc:
@@ -108,11 +111,10 @@ def _festival(rng: random.Random, town: str) -> Doc:
     days, colour, food = rng.randint(2, 12), rng.choice(COLOURS), _name(rng, 2).lower()
     tail = (f"is held in {town} every {month} and lasts {days} days. Dancers wear {colour} "
             f"masks, and everyone eats a sweet bread called {food}.")
-    return Doc("festival", f"the {name} festival", f"The {name} festival {tail}",
-               f"The festival that visitors ask about in the previous document {tail}",
-               (Fact(f"How many days does the {name} festival last?", str(days)),
-                Fact(f"In which month is the {name} festival held?", month),
-                Fact(f"What colour are the masks at the {name} festival?", colour)))
+    return _doc("festival", f"the {name} festival", f"The {name} festival", tail,
+                (Fact(f"How many days does the {name} festival last?", str(days)),
+                 Fact(f"In which month is the {name} festival held?", month),
+                 Fact(f"What colour are the masks at the {name} festival?", colour)))
 
 
 MAKERS = (_river, _town, _person, _festival)
