@@ -9,9 +9,14 @@ from pathlib import Path
 
 import blake3
 import numpy as np
+import PIL
 import torch
+import transformers
+from PIL import Image
 
-KEY_VERSION = "v1"
+_PREPROCESSING_CODE = (f"transformers {transformers.__version__}, pillow {PIL.__version__}, "
+                       f"numpy {np.__version__}")
+KEY_VERSION = "v2"  # v2: images keyed by their decoded RGB pixels (v1: preprocessed patches)
 
 
 @dataclass(frozen=True)
@@ -65,13 +70,21 @@ def fingerprint_module(model: torch.nn.Module, architecture: str) -> ModelFinger
 
 
 def image_key(
-    pixel_values: torch.Tensor,  # [P, C*T*ps*ps] preprocessed patches of one image
-    grid_thw: torch.Tensor,  # [3]
+    image: Image.Image,  # decoded, RGB
+    grid_thw: torch.Tensor,  # [3] the grid the processor gives it
     processor_settings: dict[str, object],
     model: ModelFingerprint,
     kv_dtype: torch.dtype,
 ) -> str:
-    """Full-length blake3 over everything that shapes an image's cached tensors."""
+    """Full-length blake3 over everything that shapes an image's cached tensors.
+
+    The decoded pixels, the processor's settings and the code that applies them (transformers,
+    Pillow and NumPy versions) determine the preprocessed patches SPEC §1 keys on, so a hit
+    needs no preprocessing to find its entry (vlcache.engine.patches); a library upgrade that
+    could resize differently gives new keys rather than entries made from other patches.
+    """
+    if image.mode != "RGB":
+        raise ValueError(f"image_key takes RGB images, got mode {image.mode}")
     h = blake3.blake3()
     header = {
         "version": KEY_VERSION,
@@ -79,11 +92,11 @@ def image_key(
         "processor": processor_settings,
         "model": str(model),
         "kv_dtype": str(kv_dtype),
-        "pixel_dtype": str(pixel_values.dtype),
-        "pixel_shape": list(pixel_values.shape),
+        "size": list(image.size),
+        "preprocessing_code": _PREPROCESSING_CODE,
     }
     h.update(json.dumps(header, sort_keys=True, default=str).encode())
-    h.update(np.ascontiguousarray(pixel_values.detach().cpu().numpy()).tobytes())
+    h.update(image.tobytes())
     return f"img-{h.hexdigest()}"
 
 

@@ -173,8 +173,10 @@ class Engine:
 
     def _prefill(self, messages: list[dict[str, Any]], policy: Policy, max_new_tokens: int,
                  keep_hidden: bool, start: float, capture: bool) -> PrefillRun:
+        t = time.perf_counter()
         prompt = self.builder.build(messages)
         stats = RequestStats(policy=policy.name, prompt_tokens=int(prompt.input_ids.shape[0]),
+                             prepare_s=time.perf_counter() - t,
                              images=len(prompt.images),
                              image_tokens=sum(im.num_tokens for im in prompt.images),
                              documents=len(prompt.segments) - len(prompt.images))

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from vlcache.engine.patches import GridMismatchError, Patcher
 from vlcache.keys import ModelFingerprint, image_key, segment_key
 
 VISION_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -53,8 +54,22 @@ class PreparedSegment:
 
 @dataclass(kw_only=True)
 class PreparedImage(PreparedSegment):
-    pixel_values: torch.Tensor  # [P, C*T*ps*ps] preprocessed patches
+    """An image keyed and placed by its grid; its patches are made on first use (a miss)."""
+
+    image: Image.Image = field(repr=False)  # decoded, RGB
     grid_thw: torch.Tensor  # [3]
+    patcher: Patcher = field(repr=False)
+    _pixels: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def pixel_values(self) -> torch.Tensor:  # [P, C*T*ps*ps] preprocessed patches
+        if self._pixels is None:
+            pixels, grid = self.patcher.patches(self.image)
+            if not torch.equal(grid, self.grid_thw):
+                raise GridMismatchError(f"the image processor gave grid {grid.tolist()}, "
+                                        f"{self.grid_thw.tolist()} was predicted")
+            self._pixels = pixels
+        return self._pixels
 
 
 @dataclass(kw_only=True)
@@ -131,6 +146,7 @@ class PromptBuilder:
                  limits: Limits) -> None:
         self.tokenizer = tokenizer
         self.image_processor = image_processor  # None: a text-only model
+        self.patcher = Patcher(image_processor) if image_processor is not None else None
         self.fingerprint = fingerprint
         self.kv_dtype = kv_dtype
         self.image_token_id = image_token_id
@@ -197,15 +213,17 @@ class PromptBuilder:
             key = segment_key(ids, self.fingerprint, self.kv_dtype)
             return PreparedText(key=key, num_tokens=len(ids), token_ids=ids)
         image = load_image(payload, where, self.limits)
+        pixels = None
         try:
-            out = self.image_processor(images=[image], return_tensors="pt")
+            grid = self.patcher.grid(*image.size)
+            if grid is None:  # a processor whose grid cannot be predicted: run it now
+                pixels, grid = self.patcher.patches(image)
         except ValueError as e:
             raise RequestError(f"{where}: the image processor rejected the image ({e})",
                                param=where, code="invalid_image") from None
-        pixels, grid = out["pixel_values"], out["image_grid_thw"][0]
-        key = image_key(pixels, grid, self.processor_settings, self.fingerprint, self.kv_dtype)
-        return PreparedImage(key=key, num_tokens=self.tokens_for_grid(grid),
-                             pixel_values=pixels, grid_thw=grid)
+        key = image_key(image, grid, self.processor_settings, self.fingerprint, self.kv_dtype)
+        return PreparedImage(key=key, num_tokens=self.tokens_for_grid(grid), image=image,
+                             grid_thw=grid, patcher=self.patcher, _pixels=pixels)
 
     def _assemble(self, pieces: list[str], segments: list[PreparedSegment]) -> Prompt:
         """Tokenize the text between documents, splice documents in, expand image pads."""

@@ -21,7 +21,8 @@ class RequestStats:
     documents_reused: int = 0  # whose KV was reused
     text_tokens_reused: float = 0.0  # their tokens not computed, averaged over layers
     computed_per_layer: list[int] = field(default_factory=list)  # |C_l|
-    vision_s: float = 0.0
+    prepare_s: float = 0.0  # messages to prompt: images decoded and keyed, text tokenized
+    vision_s: float = 0.0  # a miss's preprocessing and vision tower
     load_s: float = 0.0  # reading entries from the store
     prefill_s: float = 0.0
     store_s: float = 0.0  # writing new entries

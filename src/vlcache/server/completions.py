@@ -184,7 +184,8 @@ def usage(result: GenerationResult, queue_s: float) -> Usage:
             image_tokens_recomputed=round(s.image_tokens_recomputed, 3),
             documents=s.documents, documents_reused=s.documents_reused,
             text_tokens_reused=round(s.text_tokens_reused),
-            ttft_s=round(s.ttft_s, 6), vision_s=round(s.vision_s, 6),
+            ttft_s=round(s.ttft_s, 6), prepare_s=round(s.prepare_s, 6),
+            vision_s=round(s.vision_s, 6),
             queue_s=round(queue_s, 6)))
 
 

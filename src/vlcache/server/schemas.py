@@ -126,7 +126,8 @@ class CacheUsage(BaseModel):
     documents_reused: int = 0
     text_tokens_reused: int = 0
     ttft_s: float  # engine time to first token (queue wait not included)
-    vision_s: float
+    prepare_s: float = 0.0  # images decoded and keyed, text tokenized
+    vision_s: float  # a miss's preprocessing and vision tower
     queue_s: float  # time spent waiting for the model worker
 
 
