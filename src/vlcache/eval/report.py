@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -119,13 +120,14 @@ def plot(summary: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     splits = list(dict.fromkeys(s["split"] for s in summary))
-    fig, axes = plt.subplots(2, len(splits), figsize=(6 * len(splits), 8), squeeze=False)
+    fig, axes = plt.subplots(3, len(splits), figsize=(6 * len(splits), 11), squeeze=False)
+    names = {"exact": "greedy exact match", "top1": "top-1", "kl": "first-token KL(full ‖ p)"}
     for col, split in enumerate(splits):
         rows = [s for s in summary if s["split"] == split]
-        for row, metric in enumerate(("exact", "top1")):
+        for row, metric in enumerate(names):
             _panel(axes[row][col], rows, metric)
             axes[row][col].set_title(f"{SPLIT_TITLES.get(split, split).split(' (')[0]}: "
-                                     f"{'greedy exact match' if metric == 'exact' else 'top-1'}")
+                                     f"{names[metric]}")
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -144,7 +146,11 @@ def _panel(ax, rows: list[dict], metric: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("computed share of reused segment token-layers (measured)")
     ax.set_ylabel(metric)
-    ax.set_ylim(-0.02, 1.02)
+    if metric == "kl":  # lower is better; spans decades
+        ax.set_yscale("log")
+    else:  # agreement: zoom in when every arm agrees often (differences of one prompt show)
+        low = min((s[metric] for s in rows if s[metric] is not None), default=0.0)
+        ax.set_ylim(max(0.0, math.floor((low - 0.05) * 20) / 20) - 0.01, 1.01)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
 
