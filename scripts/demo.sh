@@ -9,6 +9,6 @@ scripts/setup.sh
 MODEL=${VLCACHE_CACHE_DIR:-$HOME/.cache/vlcache}/fixture-qwen2_5_vl-0.5b
 exec .venv/bin/vlcache generate --model "$MODEL" --image examples/shapes.png \
   --system "You are a helpful assistant." \
-  --prompt "What color is the shape on the left? Answer with one word." \
+  --prompt "What color is the circle? Answer with one word." \
   --system "You answer questions about pictures in one word." \
-  --prompt "Is there a square in the picture? Answer with one word." --max-tokens 16 "$@"
+  --prompt "What shape is the blue object? Answer with one word." --max-tokens 16 "$@"
