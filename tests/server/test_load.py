@@ -85,5 +85,7 @@ def test_load(serve, tmp_path):
     for metric, field in TOTALS.items():
         assert m[(metric, ())] == sum(info[field] for info in ok), metric
     assert m[("vlcache_ttft_seconds_count", ())] == len(ok)
+    assert m[("vlcache_prepare_seconds_count", ())] == len(ok)
+    assert 0 < m[("vlcache_prepare_seconds_sum", ())] < m[("vlcache_ttft_seconds_sum", ())]
     assert m[("vlcache_queue_depth", ())] == 0 and m[("vlcache_store_bytes", ())] > 0
     assert httpx.get(f"{base}/health").json()["status"] == "ok"

@@ -44,6 +44,9 @@ class Metrics:
                                          registry=r)
         self.ttft = Histogram("vlcache_ttft_seconds", "Engine time to first token",
                               buckets=SECONDS, registry=r)
+        self.prepare = Histogram("vlcache_prepare_seconds",
+                                 "Prompt building: images decoded and keyed, text tokenized",
+                                 buckets=SECONDS, registry=r)
         self.vision = Histogram("vlcache_vision_tower_seconds",
                                 "Vision-tower time of requests that ran it", buckets=SECONDS,
                                 registry=r)
@@ -67,6 +70,7 @@ class Metrics:
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.completion_tokens.inc(stats.completion_tokens)
         self.ttft.observe(stats.ttft_s)
+        self.prepare.observe(stats.prepare_s)
         self.queue_wait.observe(queue_s)
         if stats.images_missed:
             self.vision.observe(stats.vision_s)
