@@ -25,6 +25,10 @@ class ImageEntry:
     # [32] uint8 blake3 of everything before the image when its KV was computed (token ids and
     # earlier images' keys): what exact prefix caching compares against
     context: torch.Tensor | None = None
+    # Optional: the segment's hidden state entering layer `hidden_layer` ([1] int64), [N, H], in
+    # the same context as its KV. A plan that starts recomputing at that layer resumes from it.
+    hidden: torch.Tensor | None = None
+    hidden_layer: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.embeds is None and self.keys is None:
@@ -40,6 +44,19 @@ class ImageEntry:
                 )
         if self.deepstack is not None and self.deepstack.shape[1] != n:
             raise ValueError("deepstack features do not match the image token count")
+        if (self.hidden is None) != (self.hidden_layer is None):
+            raise ValueError("an entry has both a hidden state and its layer or neither")
+        if self.hidden is not None:
+            if self.keys is None:
+                raise ValueError("a hidden state is only useful beside the KV it belongs to")
+            if self.hidden.shape[0] != n or self.hidden_layer.numel() != 1:
+                raise ValueError(f"hidden state {tuple(self.hidden.shape)} does not match {n} "
+                                 "tokens, or its layer is not one number")
+
+    @property
+    def resume_layer(self) -> int | None:
+        """The layer whose input `hidden` is, if the entry holds one."""
+        return None if self.hidden_layer is None else int(self.hidden_layer.item())
 
     @property
     def num_tokens(self) -> int:
@@ -51,7 +68,8 @@ class ImageEntry:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The entry's tensors by name (absent parts left out); the inverse is `from_tensors`."""
-        names = ("embeds", "deepstack", "keys", "values", "positions", "context")
+        names = ("embeds", "deepstack", "keys", "values", "positions", "context", "hidden",
+                 "hidden_layer")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     @classmethod

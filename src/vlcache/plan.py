@@ -16,13 +16,18 @@ class Plan:
     """Per-layer recompute ratios r_1 >= r_2 >= ... >= r_L, each in [0, 1].
 
     The monotone order is what makes selective prefill well defined: a token computed at layer
-    l+1 was computed at layer l, so its layer-l output exists. `meta` carries provenance
-    (model fingerprint, budget, grid, the sensitivity table, the dataset) and is kept verbatim.
+    l+1 was computed at layer l, so its layer-l output exists. A plan with `start_layer` R > 0
+    computes nothing below R and is monotone from R on: its layer-R tokens resume from the
+    hidden state the cache entry holds for layer R's input (an engine captures it with
+    `capture_hidden_at=R`; entries without it fall back to computing layer R's tokens from
+    layer 0). `meta` carries provenance (model fingerprint, budget, grid, the sensitivity
+    table, the dataset) and is kept verbatim.
     """
 
     ratios: tuple[float, ...]
     name: str = "plan"
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    start_layer: int = 0
 
     def __post_init__(self) -> None:
         if not self.ratios:
@@ -30,7 +35,13 @@ class Plan:
         for i, r in enumerate(self.ratios):
             if not (0.0 <= r <= 1.0) or math.isnan(r):
                 raise ValueError(f"plan ratio at layer {i} is {r}, outside [0, 1]")
-        for i in range(1, len(self.ratios)):
+        if not 0 <= self.start_layer < len(self.ratios):
+            raise ValueError(f"start layer {self.start_layer} is not a layer of this "
+                             f"{len(self.ratios)}-layer plan")
+        if any(self.ratios[: self.start_layer]):
+            raise ValueError(f"a plan starting at layer {self.start_layer} computes nothing "
+                             "below it (its ratios there must be 0)")
+        for i in range(self.start_layer + 1, len(self.ratios)):
             if self.ratios[i] > self.ratios[i - 1] + 1e-12:
                 raise ValueError(
                     f"plan ratios must not increase with depth: layer {i} has {self.ratios[i]} > "
@@ -56,7 +67,8 @@ class Plan:
 
     def to_json(self) -> str:
         body = {"format": PLAN_FORMAT, "name": self.name, "ratios": list(self.ratios),
-                "budget": self.budget, **{k: v for k, v in self.meta.items()}}
+                "budget": self.budget, **({"start_layer": self.start_layer} if self.start_layer
+                                          else {}), **{k: v for k, v in self.meta.items()}}
         return json.dumps(body, indent=2)
 
     @classmethod
@@ -66,9 +78,13 @@ class Plan:
             raise ValueError("not a vlcache plan: no 'ratios'")
         if body.get("format", PLAN_FORMAT) != PLAN_FORMAT:
             raise ValueError(f"plan format {body.get('format')} is not supported")
-        meta = {k: v for k, v in body.items() if k not in {"format", "name", "ratios", "budget"}}
+        fields = {"format", "name", "ratios", "budget", "start_layer"}
+        meta = {k: v for k, v in body.items() if k not in fields}
+        start = body.get("start_layer", 0)
+        if not isinstance(start, int) or isinstance(start, bool):
+            raise ValueError(f"plan start_layer must be an integer, got {start!r}")
         return cls(tuple(float(r) for r in body["ratios"]), name=body.get("name", "plan"),
-                   meta=meta)
+                   meta=meta, start_layer=start)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())

@@ -59,3 +59,25 @@ def test_parse_policy_names(tmp_path):
     for bad in ("static", "static:x", "static:2", "bogus", "plan:/nonexistent.json"):
         with pytest.raises(ValueError):
             parse_policy(bad)
+
+
+def test_a_plan_may_start_at_a_middle_layer(tmp_path):
+    plan = Plan((0.0, 0.0, 0.3, 0.2), name="mid", start_layer=2)
+    plan.save(tmp_path / "p.json")
+    again = Plan.load(tmp_path / "p.json")
+    assert again == plan and again.start_layer == 2 and again.budget == pytest.approx(0.125)
+    schedule = RatioPolicy(plan).schedule(10, 4)
+    assert schedule.restart_layer == 2
+    counts = [len(schedule.select(layer, _probe(layer, 10))) for layer in range(4)]
+    assert counts == [0, 0, 3, 2]
+    fallback = schedule.fallback()  # no cached hidden state: layer 2's tokens from layer 0 on
+    assert fallback.restart_layer is None
+    assert [len(fallback.select(layer, _probe(layer, 10))) for layer in range(4)] == [3, 3, 3, 2]
+    assert Plan((0.5, 0.2)).start_layer == 0 and '"start_layer"' not in Plan((0.5,)).to_json()
+
+
+@pytest.mark.parametrize("ratios,start", [((0.1, 0.2, 0.1), 1), ((0.0, 0.2, 0.3), 1),
+                                          ((0.1,), 1), ((0.1,), -1)])
+def test_invalid_starting_plans_are_rejected(ratios, start):
+    with pytest.raises(ValueError):
+        Plan(ratios, start_layer=start)

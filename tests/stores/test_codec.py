@@ -77,3 +77,21 @@ def test_kv_dtype_names():
     assert kvdtype.parse_kv_dtype("native") is None
     with pytest.raises(ValueError, match="unsupported KV dtype"):
         kvdtype.parse_kv_dtype("int4")
+
+
+def test_roundtrip_keeps_a_resume_hidden_state(make_entry, same):
+    e = make_entry()
+    e = ImageEntry(**e.tensors(), hidden=torch.randn(e.num_tokens, 16),
+                   hidden_layer=torch.tensor([2]))
+    got = codec.decode(codec.encode(KEY, e, MODEL), KEY, MODEL)
+    assert same(got, e) and got.resume_layer == 2
+
+
+def test_a_hidden_state_needs_its_layer_and_the_kv():
+    n = 4
+    with pytest.raises(ValueError, match="layer"):
+        ImageEntry(keys=torch.zeros(1, n, 1, 2), values=torch.zeros(1, n, 1, 2),
+                   hidden=torch.zeros(n, 8))
+    with pytest.raises(ValueError, match="KV"):
+        ImageEntry(embeds=torch.zeros(n, 8), hidden=torch.zeros(n, 8),
+                   hidden_layer=torch.tensor([1]))

@@ -58,12 +58,22 @@ class Engine:
 
     def __init__(self, adapter: QwenVLAdapter, tokenizer, image_processor,
                  store: Store | str | None = None, policy: Policy | Plan | str = DEFAULT_POLICY,
-                 kv_dtype: torch.dtype | None = None, limits: Limits | None = None) -> None:
+                 kv_dtype: torch.dtype | None = None, limits: Limits | None = None,
+                 capture_hidden_at: int | None = None) -> None:
         self.adapter = adapter
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         self.store = open_store(store, model=adapter.fingerprint)
         self.policy = parse_policy(policy)
+        # New entries also keep their hidden state entering this layer, for plans that resume
+        # there (Plan.start_layer); by default the layer the engine's own plan starts at.
+        start = getattr(getattr(self.policy, "plan", None), "start_layer", 0)
+        self.capture_hidden_at = capture_hidden_at if capture_hidden_at is not None else (
+            start or None)
+        if self.capture_hidden_at is not None and not (
+                0 < self.capture_hidden_at < adapter.num_layers):
+            raise ValueError(f"capture_hidden_at={self.capture_hidden_at} is not one of the "
+                             f"model's layers 1..{adapter.num_layers - 1}")
         # Keys name the dtype the store really holds, so engines sharing a store agree. A store
         # with its own kv_dtype converts (and for fp8 scales) on put; otherwise we cast here.
         self.kv_dtype = self.store.kv_dtype or kv_dtype or adapter.dtype
@@ -193,7 +203,8 @@ class Engine:
             t = time.perf_counter()
             out = selective_prefill(self.adapter, embeds, positions, segments,
                                     capacity=embeds.shape[0] + max_new_tokens,
-                                    keep_hidden=keep_hidden)
+                                    keep_hidden=keep_hidden,
+                                    capture_hidden_at=self.capture_hidden_at)
             stats.prefill_s = time.perf_counter() - t
         _account(stats, prompt, segments, out)
         run = PrefillRun(prompt, positions, out, stats)
@@ -274,6 +285,12 @@ class Engine:
                 seg.cached_keys = entry.keys.to(self.adapter.dtype)
                 seg.cached_values = entry.values.to(self.adapter.dtype)
                 seg.schedule = policy.schedule(sp.num_tokens, self.adapter.num_layers)
+                restart = seg.schedule.restart_layer
+                if restart is not None and entry.resume_layer == restart:
+                    seg.cached_hidden = entry.hidden.to(self.adapter.dtype)
+                    seg.hidden_layer = restart
+                elif restart is not None:  # this entry cannot resume there
+                    seg.schedule = seg.schedule.fallback()
             elif capture or sp.key not in captured:
                 seg.capture = True
                 captured.add(sp.key)
@@ -291,11 +308,15 @@ class Engine:
             done.add(sp.key)
             keys, values = out.captured[i]
             enc = encoded.get(sp.key)
+            hidden = out.captured_hidden.get(i)
             pending.append((sp.key, ImageEntry(
                 embeds=enc.embeds if enc else None, deepstack=enc.deepstack if enc else None,
                 keys=keys.to(self._put_dtype), values=values.to(self._put_dtype),
                 positions=positions[:, seg.start:seg.start + seg.length].clone(),
-                context=contexts[i])))
+                context=contexts[i],
+                hidden=None if hidden is None else hidden.to(self._put_dtype),
+                hidden_layer=None if hidden is None else torch.tensor(
+                    [self.capture_hidden_at], dtype=torch.int64))))
         return pending
 
     def _store(self, run: PrefillRun) -> None:

@@ -29,7 +29,18 @@ class LayerProbe:
 
 
 class TokenSchedule(ABC):
-    """Per-segment, per-request token choice; created fresh for each reused segment."""
+    """Per-segment, per-request token choice; created fresh for each reused segment.
+
+    `restart_layer`: a layer where the schedule starts computing tokens that were not computed
+    one layer down (from the entry's cached hidden state entering that layer). The engine uses
+    `fallback()` instead when the entry holds no hidden state for that layer.
+    """
+
+    restart_layer: int | None = None
+
+    def fallback(self) -> TokenSchedule:
+        """The schedule to follow when the restart layer's hidden state is not cached."""
+        return self
 
     @abstractmethod
     def select(self, layer: int, probe: LayerProbe) -> torch.Tensor:
@@ -57,10 +68,18 @@ class Policy(ABC):
 
 
 class _PrefixSchedule(TokenSchedule):
-    """Computes the first `counts[l]` tokens (in position order) at layer l."""
+    """Computes the first `counts[l]` tokens (in position order) at layer l. With a restart
+    layer R (counts 0 below it), the fallback computes layer R's tokens from layer 0 on."""
 
-    def __init__(self, counts: list[int]) -> None:
+    def __init__(self, counts: list[int], restart_layer: int | None = None) -> None:
         self.counts = counts
+        self.restart_layer = restart_layer
+
+    def fallback(self) -> TokenSchedule:
+        if self.restart_layer is None:
+            return self
+        r = self.restart_layer
+        return _PrefixSchedule([self.counts[r]] * r + self.counts[r:])
 
     def select(self, layer: int, probe: LayerProbe) -> torch.Tensor:
         return torch.arange(self.counts[layer], dtype=torch.long)
@@ -79,7 +98,8 @@ class RatioPolicy(Policy):
                 f"plan {self.name!r} has {self.plan.num_layers} layers, the model has {num_layers}"
             )
         return _PrefixSchedule([self.plan.tokens_at(layer, num_tokens)
-                                for layer in range(num_layers)])
+                                for layer in range(num_layers)],
+                               self.plan.start_layer or None)
 
 
 class UniformPolicy(Policy):

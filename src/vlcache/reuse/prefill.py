@@ -29,6 +29,11 @@ class SegmentInput:
     schedule: TokenSchedule | None = None  # required when cached KV is given
     capture: bool = False  # record this segment's pre-RoPE KV (a miss)
     deepstack: torch.Tensor | None = None  # [D, N, H] Qwen3-VL visual features
+    # The cached hidden state entering layer `hidden_layer` ([N, H], from the same run as the KV):
+    # at that layer a schedule whose `restart_layer` it is may pick any token, not only those
+    # computed one layer down; tokens not computed there resume from these rows.
+    cached_hidden: torch.Tensor | None = None
+    hidden_layer: int | None = None
 
     @property
     def reused(self) -> bool:
@@ -43,6 +48,8 @@ class PrefillOutput:
     reused_computed: list[list[int]]  # per reused segment, tokens computed at each layer
     captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # segment index -> (keys, values) [L, N, kvh, d] pre-RoPE, for segments with capture=True
+    captured_hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    # segment index -> [N, H] hidden state entering layer `capture_hidden_at` (capture=True)
     final_hidden: torch.Tensor | None = None  # [S, H] last-layer output rows (valid on C_L)
     final_index: torch.Tensor | None = None  # [c_L] the rows of final_hidden that are valid
 
@@ -65,9 +72,22 @@ def attend(
     return out[0].transpose(0, 1).reshape(q.shape[0], -1)
 
 
+def _resumes(seg: SegmentInput, layer: int) -> bool:
+    """Whether this segment may start computing tokens afresh at `layer` from its cached hidden
+    state: the schedule asks for it there and the entry holds that layer's input."""
+    return (seg.cached_hidden is not None and seg.hidden_layer == layer
+            and seg.schedule.restart_layer == layer)
+
+
 def _select(seg: SegmentInput, layer: int, previous: torch.Tensor, h: torch.Tensor,
             adapter: QwenVLAdapter) -> torch.Tensor:
-    """The schedule's choice for one reused segment at one layer, checked to be nested."""
+    """The schedule's choice for one reused segment at one layer, checked to be nested (or, at
+    a resume layer, any tokens: those not computed below take their cached hidden state)."""
+    if _resumes(seg, layer):
+        stale = ~torch.isin(torch.arange(seg.length, device=previous.device), previous)
+        rows = stale.nonzero().squeeze(1)  # [n_stale] not computed below: resume from the cache
+        h[seg.start + rows] = seg.cached_hidden[rows].to(h.dtype)
+        previous = torch.arange(seg.length, device=previous.device)
 
     def deviation() -> torch.Tensor:  # [c_prev]
         _, k, _ = adapter.qkv(layer, h[seg.start + previous])
@@ -90,6 +110,7 @@ def selective_prefill(
     segments: list[SegmentInput],
     capacity: int,  # KV cache capacity (prompt + tokens to decode)
     keep_hidden: bool = False,
+    capture_hidden_at: int | None = None,  # also record capture segments' input to this layer
 ) -> PrefillOutput:
     seq_len = embeds.shape[0]
     device = embeds.device
@@ -108,7 +129,12 @@ def selective_prefill(
     reused_computed: list[list[int]] = [[] for _ in reused]
     h = embeds.clone()
     index: torch.Tensor | None = None
+    captured_hidden: dict[int, torch.Tensor] = {}
     for layer in range(adapter.num_layers):
+        if layer == capture_hidden_at:
+            for i in captured:
+                s = segments[i]
+                captured_hidden[i] = h[s.start:s.start + s.length].clone()  # [N, H]
         parts = [base]
         for j, s in enumerate(reused):
             chosen = _select(s, layer, previous[id(s)], h, adapter)
@@ -156,6 +182,7 @@ def selective_prefill(
         computed_per_layer=computed_per_layer,
         reused_computed=reused_computed,
         captured={i: (torch.stack(ks), torch.stack(vs)) for i, (ks, vs) in captured.items()},
+        captured_hidden=captured_hidden,
         final_hidden=h if keep_hidden else None,
         final_index=index if keep_hidden else None,
     )
