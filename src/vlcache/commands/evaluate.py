@@ -98,6 +98,16 @@ def _write(out: Path, rows, prof, budgets: list[float], title: str, run_info: di
     return table
 
 
+def _resume_layer(arms) -> int | None:
+    """The layer whose hidden state the cached entries must keep for the plans that start
+    there (the eval caches every image afresh, so one engine setting serves every arm)."""
+    starts = {getattr(getattr(a.policy, "plan", None), "start_layer", 0) for a in arms} - {0}
+    if len(starts) > 1:
+        raise ValueError(f"plans starting at different layers {sorted(starts)} cannot be "
+                         "evaluated in one run (entries keep one layer's hidden state)")
+    return starts.pop() if starts else None
+
+
 def run(args: argparse.Namespace) -> int:
     from vlcache.eval.runner import evaluate
     from vlcache.models.loading import ModelLoadError
@@ -111,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         counts = [seg.num_tokens for c in first + second
                   for seg in engine.builder.build(c.messages).segments]
         arms, skipped = _arms(tokens, budgets, engine, sum(counts) / len(counts), prof)
+        engine.capture_hidden_at = _resume_layer(arms)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache eval: {e}", file=sys.stderr)
         return 2
