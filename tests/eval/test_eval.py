@@ -151,3 +151,17 @@ def test_greedy_stops_soon_after_leaving_the_reference(tiny_checkpoints):
     run = engine.prefill([user(random_image(60), "Say something.")], max_new_tokens=16)
     wrong_second = [free[0], free[1] + 1] + free[2:]
     assert greedy(engine, run, 16, reference=wrong_second, after_divergence=3) == free[:5]
+
+
+def test_eval_with_the_depth_planned_family(tiny_checkpoints, tmp_path):
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(tiny_checkpoints["qwen2_5_vl"]), "--data", "random",
+                 "--limit", "4", "--grid", "0.25", "--kinds", "single,reorder",
+                 "--policies", "static,vlcache-depth", "--budgets", "0.05,0.25",
+                 "--out", str(out)]) == 0
+    plan = Plan.load(out / "plan-depth.json")  # the 0.05 plan: 4 group-layers of 16 at most
+    assert plan.budget <= 0.05 + 1e-9 and plan.meta["method"] == "depth-dp"
+    with (out / "summary.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r["family"] == "vlcache-depth"]
+    assert sorted({r["budget"] for r in rows}) == ["0.05", "0.25"]
+    assert all(float(r["computed"]) <= float(r["budget"]) + 0.1 for r in rows)

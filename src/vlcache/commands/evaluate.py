@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p)
     p.add_argument("--policies", default=DEFAULT_POLICIES,
                    help="families swept over --budgets (static, epic, cacheblend, kvshare, "
-                        "vlcache, vlcache-greedy) and fixed policies (naive, prefix, encoder, "
+                        "vlcache, vlcache-greedy, vlcache-depth) and fixed policies (naive, "
+                        "prefix, encoder, "
                         f"cacheblend:0.15:1, vlcache:PLAN.json, ...); default {DEFAULT_POLICIES}")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS,
                    help=f"target mean computed ratios (default {DEFAULT_BUDGETS})")
@@ -34,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="eval-out", help="output directory")
 
 
-def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, prof):
+def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, prof,
+          depth_prof=None):
     from vlcache.eval.budget import FAMILIES, policy_at
     from vlcache.eval.runner import Arm
     from vlcache.reuse.policy import parse_policy
@@ -47,7 +49,8 @@ def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, p
             continue
         for b in budgets:
             try:
-                policy = policy_at(token, b, engine.adapter.num_layers, mean_tokens, prof)
+                policy = policy_at(token, b, engine.adapter.num_layers, mean_tokens, prof,
+                                   depth_prof)
             except ValueError as e:
                 policy = None
                 skipped.append(f"{token}@{b:g}: {e}")
@@ -67,13 +70,31 @@ def _profile(args: argparse.Namespace, engine, first, examples, tokens, budgets,
 
     if args.profile:
         return load_profile(Plan.load(args.profile))
-    if not any(t.startswith("vlcache") and ":" not in t for t in tokens):
+    if not any(t in {"vlcache", "vlcache-greedy"} for t in tokens):
         return None
     described = describe(args.data, examples) | {"half": "plan", "kinds": args.kinds,
                                                   "profiled": args.profile_limit}
     prof = profile(engine, first[:args.profile_limit], args.grid, described)
     out.mkdir(parents=True, exist_ok=True)
     make_plan(prof, 0.05 if 0.05 in budgets else budgets[0]).save(out / "plan.json")
+    return prof
+
+
+def _depth_profile(args: argparse.Namespace, engine, first, examples, tokens, budgets,
+                   out: Path):
+    """The depth profile for the vlcache-depth family, measured on the planning half for the
+    largest budget (its 5% plan saved beside the results); None if not asked for."""
+    from vlcache.eval.datasets import describe
+    from vlcache.planner.depth import depth_plan, profile_depths
+
+    if "vlcache-depth" not in tokens:
+        return None
+    described = describe(args.data, examples) | {"half": "plan", "kinds": args.kinds,
+                                                  "profiled": args.profile_limit}
+    prof = profile_depths(engine, first[:args.profile_limit], args.grid, max(budgets), described)
+    out.mkdir(parents=True, exist_ok=True)
+    budget = 0.05 if 0.05 in budgets else budgets[0]
+    depth_plan(prof, budget, engine.adapter.num_layers).save(out / "plan-depth.json")
     return prof
 
 
@@ -118,9 +139,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine, first, second, examples = load_halves(args)
         prof = _profile(args, engine, first, examples, tokens, budgets, out)
+        depth_prof = _depth_profile(args, engine, first, examples, tokens, budgets, out)
         counts = [seg.num_tokens for c in first + second
                   for seg in engine.builder.build(c.messages).segments]
-        arms, skipped = _arms(tokens, budgets, engine, sum(counts) / len(counts), prof)
+        arms, skipped = _arms(tokens, budgets, engine, sum(counts) / len(counts), prof,
+                              depth_prof)
         engine.capture_hidden_at = _resume_layer(arms)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache eval: {e}", file=sys.stderr)

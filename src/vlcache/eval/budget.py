@@ -7,23 +7,27 @@ quantity as a plan's budget), so policies compare at the same number of computed
 - cacheblend: all tokens up to the check layer c, then ratio (B·L - c)/(L - c);
   impossible below B = c/L (returns None);
 - kvshare: all up to layer1, 2ρ up to layer2, then ρ; ρ solved from the same mean;
-- vlcache / vlcache-greedy: the plan allocated for B from the profiled sensitivity table.
+- vlcache / vlcache-greedy: the plan allocated for B from the profiled sensitivity table;
+- vlcache-depth: the plan allocated for B from the depth profile (planner/depth.py).
 The engine's rounding up (ceil(r·N)) makes the measured share slightly higher; the report shows
 the measured share next to the target.
 """
 
 from __future__ import annotations
 
+from vlcache.planner.depth import DepthProfile, depth_plan
 from vlcache.planner.profile import Profile, make_plan
 from vlcache.reuse.blend import CacheBlendPolicy, KVSharePolicy
 from vlcache.reuse.epic import EpicPolicy
 from vlcache.reuse.policy import Policy, RatioPolicy, UniformPolicy
 
-FAMILIES = ("static", "epic", "cacheblend", "kvshare", "vlcache", "vlcache-greedy")
+FAMILIES = ("static", "epic", "cacheblend", "kvshare", "vlcache", "vlcache-greedy",
+            "vlcache-depth")
 
 
 def policy_at(family: str, budget: float, num_layers: int, mean_tokens: float,
-              profile: Profile | None = None) -> Policy | None:
+              profile: Profile | None = None,
+              depth_profile: DepthProfile | None = None) -> Policy | None:
     """The policy of `family` that spends `budget`, or None where the family cannot."""
     if family == "static":
         return UniformPolicy(budget)
@@ -42,4 +46,9 @@ def policy_at(family: str, budget: float, num_layers: int, mean_tokens: float,
             raise ValueError(f"{family} needs a sensitivity profile")
         plan = make_plan(profile, budget, "dp" if family == "vlcache" else "greedy")
         return RatioPolicy(plan, name=f"{family}@{budget:g}")
+    if family == "vlcache-depth":
+        if depth_profile is None:
+            raise ValueError("vlcache-depth needs a depth profile")
+        return RatioPolicy(depth_plan(depth_profile, budget, num_layers),
+                           name=f"{family}@{budget:g}")
     raise ValueError(f"unknown policy family {family!r}: expected one of {', '.join(FAMILIES)}")
