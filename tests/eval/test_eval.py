@@ -165,3 +165,10 @@ def test_eval_with_the_depth_planned_family(tiny_checkpoints, tmp_path):
         rows = [r for r in csv.DictReader(f) if r["family"] == "vlcache-depth"]
     assert sorted({r["budget"] for r in rows}) == ["0.05", "0.25"]
     assert all(float(r["computed"]) <= float(r["budget"]) + 0.1 for r in rows)
+    plan_file = tmp_path / "depth.json"
+    assert main(["profile", "--model", str(tiny_checkpoints["qwen2_5_vl"]), "--data", "random",
+                 "--limit", "2", "--grid", "0.25", "--budget", "0.25", "--method", "depth",
+                 "--out", str(plan_file)]) == 0
+    plan = Plan.load(plan_file)
+    assert plan.budget <= 0.25 and len(plan.meta["depths"]) == 4
+    assert len(plan.meta["depth_profile"]["errors"]) == 4

@@ -56,8 +56,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p)
     p.add_argument("--budget", type=float, default=0.05,
                    help="mean recompute ratio over layers (default 0.05)")
-    p.add_argument("--method", choices=["dp", "greedy"], default="dp",
-                   help="allocation: exact dynamic programming (default) or the paper's greedy")
+    p.add_argument("--method", choices=["dp", "greedy", "depth"], default="dp",
+                   help="dp (default): exact allocation over SPEC §3's S_l(r); greedy: the "
+                        "paper's greedy over S_l(r); depth: exact allocation over the depth "
+                        "profile (planner/depth.py: each token group recomputed through layers "
+                        "0..d by the engine itself; measures only what --budget can use)")
     p.add_argument("--half", choices=["plan", "all"], default="all",
                    help="profile on the planning half only (as `eval` does) or on all examples")
     p.add_argument("--out", default="plan.json", help="plan file to write (default plan.json)")
@@ -75,8 +78,11 @@ def run(args: argparse.Namespace) -> int:
         grid_levels(args.grid)
         engine, first, second, examples = load_halves(args)
         cases = first if args.half == "plan" else first + second
-        prof = profile(engine, cases, args.grid, describe(args.data, examples) | {
-            "half": args.half, "kinds": args.kinds, "max_image_tokens": args.max_image_tokens})
+        described = describe(args.data, examples) | {
+            "half": args.half, "kinds": args.kinds, "max_image_tokens": args.max_image_tokens}
+        if args.method == "depth":
+            return _depth(args, engine, cases, described)
+        prof = profile(engine, cases, args.grid, described)
         plan = make_plan(prof, args.budget, args.method)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache profile: {e}", file=sys.stderr)
@@ -85,5 +91,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: budget {plan.budget:.4f} (target {args.budget:g}), "
           f"objective {plan.meta['objective']:.4g} ({args.method}); "
           f"naive {plan.meta['naive_objective']:.4g}")
+    print("ratios: " + " ".join(f"{r:g}" for r in plan.ratios))
+    return 0
+
+
+def _depth(args: argparse.Namespace, engine, cases, described: dict) -> int:
+    from vlcache.planner.depth import depth_plan, profile_depths
+
+    prof = profile_depths(engine, cases, args.grid, args.budget, described)
+    plan = depth_plan(prof, args.budget, engine.adapter.num_layers)
+    plan.save(Path(args.out))
+    print(f"wrote {args.out}: budget {plan.budget:.4f} (target {args.budget:g}), predicted "
+          f"gain {plan.meta['predicted_gain']:.4g} over naive error {prof.naive:.4g} (depth)")
+    print("depths per token group: " + " ".join(str(d) for d in plan.meta["depths"]))
     print("ratios: " + " ".join(f"{r:g}" for r in plan.ratios))
     return 0
