@@ -288,7 +288,6 @@ class Engine:
                 restart = seg.schedule.restart_layer
                 if restart is not None and entry.resume_layer == restart:
                     seg.cached_hidden = entry.hidden.to(self.adapter.dtype)
-                    seg.hidden_layer = restart
                 elif restart is not None:  # this entry cannot resume there
                     seg.schedule = seg.schedule.fallback()
             elif capture or sp.key not in captured:

@@ -29,11 +29,10 @@ class SegmentInput:
     schedule: TokenSchedule | None = None  # required when cached KV is given
     capture: bool = False  # record this segment's pre-RoPE KV (a miss)
     deepstack: torch.Tensor | None = None  # [D, N, H] Qwen3-VL visual features
-    # The cached hidden state entering layer `hidden_layer` ([N, H], from the same run as the KV):
-    # at that layer a schedule whose `restart_layer` it is may pick any token, not only those
-    # computed one layer down; tokens not computed there resume from these rows.
+    # The cached hidden state entering the schedule's `restart_layer` ([N, H], from the same run
+    # as the KV): there the schedule may pick any token, not only those computed one layer
+    # down; tokens not computed below resume from these rows.
     cached_hidden: torch.Tensor | None = None
-    hidden_layer: int | None = None
 
     @property
     def reused(self) -> bool:
@@ -75,8 +74,7 @@ def attend(
 def _resumes(seg: SegmentInput, layer: int) -> bool:
     """Whether this segment may start computing tokens afresh at `layer` from its cached hidden
     state: the schedule asks for it there and the entry holds that layer's input."""
-    return (seg.cached_hidden is not None and seg.hidden_layer == layer
-            and seg.schedule.restart_layer == layer)
+    return seg.cached_hidden is not None and seg.schedule.restart_layer == layer
 
 
 def _select(seg: SegmentInput, layer: int, previous: torch.Tensor, h: torch.Tensor,
