@@ -28,6 +28,27 @@ def test_metrics():
     assert metrics.answer_correct("no", "Yes") is False
     assert metrics.answer_correct("", "red") is False
     assert metrics.answer_correct("anything", None) is None
+    p = torch.softmax(z.double(), dim=-1)
+    assert metrics.top_margin(z) == pytest.approx(float(p[0] - p[1]))
+    assert metrics.top_margin(torch.tensor([3.0, 3.0, 0.0])) == 0.0  # a tie
+
+
+def test_by_margin_splits_cases_by_full_confidence():
+    from vlcache.eval.report import by_margin
+    from vlcache.eval.runner import Row
+
+    def row(case: int, family: str, exact: bool, margin: float, budget=None) -> Row:
+        return Row("heldout", case, "single", "s", family, budget, family, 10, 0.0, 0.0, 0.0,
+                   exact, exact, None, "a", margin)
+
+    rows = [row(0, "full", True, 0.05), row(0, "naive", False, 0.05),
+            row(1, "full", True, 0.9), row(1, "naive", True, 0.9),
+            row(2, "full", True, 0.6), row(2, "naive", True, 0.6),
+            row(2, "static", True, 0.6, budget=0.05), row(2, "static", False, 0.6, budget=0.1)]
+    table = by_margin(rows, 0.05).splitlines()
+    assert "(n=1)" in table[0] and "(n=2)" in table[0]
+    assert table[2] == "| naive | 0.0% | 100.0% |"
+    assert table[3] == "| static | – | 100.0% |"  # the 10% arm is not in the 5% table
 
 
 def _examples(n: int, per_image: int = 2) -> list[Example]:
@@ -123,6 +144,9 @@ def test_profile_and_eval_commands(tiny_checkpoints, tmp_path):
     assert {s["split"] for s in summary} == {"plan", "heldout"}
     assert not any(s["family"] == "cacheblend" and s["budget"] == "0.1" for s in summary)
     assert (out / "agreement.png").stat().st_size > 0 and (out / "summary.md").exists()
+    with (out / "rows.csv").open() as f:
+        margins = [float(r["margin"]) for r in csv.DictReader(f)]
+    assert margins and all(0.0 <= m <= 1.0 for m in margins)
     with (out / "objectives.csv").open() as f:
         objectives = {float(r["budget"]): r for r in csv.DictReader(f)}
     assert float(objectives[0.5]["dp"]) <= float(objectives[0.5]["greedy"]) + 1e-9

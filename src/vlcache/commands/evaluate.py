@@ -113,6 +113,8 @@ def _write(out: Path, rows, prof, budgets: list[float], title: str, run_info: di
     table = report.markdown(summary, budgets)
     if 0.05 in budgets:
         table += "\n### by case kind (both halves)\n\n" + report.by_kind(rows, 0.05)
+        table += ("\n### by full's first-token margin, p(top-1) − p(top-2) (both halves)\n\n"
+                  + report.by_margin(rows, 0.05))
     (out / "summary.md").write_text(table)
     (out / "run.json").write_text(json.dumps(run_info, indent=2, default=str))
     report.plot(summary, out / "agreement.png", title)

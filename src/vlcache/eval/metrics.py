@@ -22,6 +22,13 @@ def top1_agrees(full: torch.Tensor, other: torch.Tensor) -> bool:
     return int(full.argmax()) == int(other.argmax())
 
 
+def top_margin(logits: torch.Tensor) -> float:
+    """p(top-1) − p(top-2) of a next-token distribution, from logits [V]: how far the greedy
+    choice is from a tie (a small margin flips under any small perturbation)."""
+    top = torch.softmax(logits.double(), dim=-1).topk(2).values
+    return float(top[0] - top[1])
+
+
 def answer_correct(text: str, answer: str | None) -> bool | None:
     """The first word of the answer equals the ground truth (case and punctuation ignored);
     None when there is no ground truth."""

@@ -98,6 +98,23 @@ def by_kind(rows: list[Row], budget: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def by_margin(rows: list[Row], budget: float, threshold: float = 0.2) -> str:
+    """Greedy exact match at `budget` split by how decided full's own first token was
+    (p(top-1) − p(top-2) below or above `threshold`), both halves together."""
+    picked = [r for r in rows if r.budget in (None, budget) and r.family != "full"]
+    cases = {(r.split, r.case): r.margin for r in rows if r.family == "full"}
+    near = sum(m < threshold for m in cases.values())
+    heads = (f"near ties, margin < {threshold:g} (n={near})",
+             f"decided, margin ≥ {threshold:g} (n={len(cases) - near})")
+    groups: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for r in picked:
+        groups[r.policy][r.margin >= threshold].append(float(r.exact))
+    lines = [f"| exact match at {_pct(budget)} | {heads[0]} | {heads[1]} |", "|---|---|---|"]
+    for policy, (low, high) in groups.items():
+        lines.append(f"| {policy} | {_pct(_mean(low))} | {_pct(_mean(high))} |")
+    return "\n".join(lines) + "\n"
+
+
 def _pivot(rows: list[dict], budgets: list[float]) -> str:
     head = "| greedy exact match | " + " | ".join(_pct(b) for b in budgets) + " |"
     lines = [head, "|---" * (len(budgets) + 1) + "|"]

@@ -43,6 +43,7 @@ class Row:
     exact: bool  # greedy answer (first MAX_TOKENS tokens) identical to full's
     correct: bool | None
     answer: str
+    margin: float  # full's first-token p(top-1) − p(top-2), the same for every arm of a case
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -102,7 +103,8 @@ def evaluate_case(engine: Engine, case: Case, arms: list[Arm], split: str,
             computed=_computed_share(run), kl=metrics.kl_divergence(ref, run.output.logits),
             mse=metrics.logits_mse(ref, run.output.logits),
             top1=metrics.top1_agrees(ref, run.output.logits), exact=tokens == ref_tokens,
-            correct=metrics.answer_correct(text, case.answer), answer=text))
+            correct=metrics.answer_correct(text, case.answer), answer=text,
+            margin=metrics.top_margin(ref)))
     return rows
 
 
