@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fixture": ("vlcache.fixture.cli", "build, train or evaluate the trained fixture VLM"),
     "profile": ("vlcache.commands.profile", "measure layer sensitivity and write a recompute plan"),
     "eval": ("vlcache.commands.evaluate", "compare reuse policies against full recompute"),
+    "report": ("vlcache.commands.report", "rewrite an evaluation's summary from its rows.csv"),
     "bench": ("vlcache.commands.bench", "time-to-first-token side by side; server load run"),
 }
 

@@ -152,6 +152,46 @@ def test_profile_and_eval_commands(tiny_checkpoints, tmp_path):
     assert float(objectives[0.5]["dp"]) <= float(objectives[0.5]["greedy"]) + 1e-9
     assert float(objectives[0.5]["dp"]) <= float(objectives[0.5]["static"]) + 1e-9
     assert "cacheblend@0.1" in " ".join(json.loads((out / "run.json").read_text())["skipped"])
+    # `vlcache report` rebuilds the summary from rows.csv and run.json alone
+    before = (out / "summary.csv").read_text(), (out / "summary.md").read_text()
+    (out / "summary.md").unlink()
+    (out / "summary.csv").write_text("stale")
+    assert main(["report", str(out)]) == 0
+    assert ((out / "summary.csv").read_text(), (out / "summary.md").read_text()) == before
+    assert main(["report", str(tmp_path)]) == 2  # no rows.csv there
+
+
+def test_rows_survive_the_csv_round_trip(tmp_path):
+    from vlcache.eval.report import read_rows, write_csv
+    from vlcache.eval.runner import Row
+
+    rows = [Row("plan", 3, "before", "synthetic/count/7", "static", 0.05, "static:0.05", 140,
+                0.053, 0.02, 0.1, True, False, None, "3", 0.25),
+            Row("heldout", 0, "single", "s", "full", None, "full", 64, 1.0, 0.0, 0.0, True,
+                True, False, "no", 0.5)]
+    write_csv([r.as_dict() for r in rows], tmp_path / "rows.csv")
+    assert read_rows(tmp_path / "rows.csv") == rows
+
+
+def test_by_full_correct_separates_cases_where_full_is_wrong():
+    from vlcache.eval.report import by_full_correct
+    from vlcache.eval.runner import Row
+
+    def row(case: int, family: str, exact: bool, correct: bool | None, budget=None) -> Row:
+        return Row("plan", case, "single", "s", family, budget, family, 10, 0.0, 0.0, 0.0,
+                   exact, exact, correct, "a", 0.5)
+
+    rows = [row(0, "full", True, True), row(0, "naive", False, False),
+            row(1, "full", True, True), row(1, "naive", True, True),
+            row(2, "full", True, False), row(2, "naive", False, True),  # naive fixes full
+            row(2, "static", True, False, budget=0.05), row(0, "static", True, True, 0.05),
+            row(1, "static", False, False, budget=0.1)]  # another budget: not counted
+    table = by_full_correct(rows, 0.05).splitlines()
+    assert "full right (n=2)" in table[0] and "full wrong (n=1)" in table[0]
+    assert table[2] == "| naive | 50.0% | 0.0% | 100.0% |"
+    assert table[3] == "| static | 100.0% | 100.0% | 0.0% |"
+    no_answers = [Row(**(r.as_dict() | {"correct": None})) for r in rows]
+    assert by_full_correct(no_answers, 0.05) == ""
 
 
 def test_commands_report_bad_input(tiny_checkpoints, tmp_path, capsys):

@@ -102,23 +102,30 @@ def _write(out: Path, rows, prof, budgets: list[float], title: str, run_info: di
     from vlcache.eval import report
     from vlcache.planner.profile import objectives
 
-    summary = report.summarize(rows)
     out.mkdir(parents=True, exist_ok=True)
     report.write_csv([r.as_dict() for r in rows], out / "rows.csv")
-    report.write_csv(summary, out / "summary.csv")
     if prof is not None:
         report.write_csv(objectives(prof, budgets), out / "objectives.csv")
         report.plot_sensitivity(prof.ratios, prof.table, out / "sensitivity.png",
                                 f"S_l(r) · {title} · {prof.cases} prompts")
-    table = report.markdown(summary, budgets)
-    if 0.05 in budgets:
-        table += "\n### by case kind (both halves)\n\n" + report.by_kind(rows, 0.05)
-        table += ("\n### by full's first-token margin, p(top-1) − p(top-2) (both halves)\n\n"
-                  + report.by_margin(rows, 0.05))
-    (out / "summary.md").write_text(table)
     (out / "run.json").write_text(json.dumps(run_info, indent=2, default=str))
+    return write_report(out, rows, budgets, title)
+
+
+def write_report(out: Path, rows, budgets: list[float], title: str) -> str:
+    """summary.csv, summary.md and agreement.png from the rows; returns the markdown."""
+    from vlcache.eval import report
+
+    summary = report.summarize(rows)
+    report.write_csv(summary, out / "summary.csv")
+    table = report.summary_markdown(rows, budgets)
+    (out / "summary.md").write_text(table)
     report.plot(summary, out / "agreement.png", title)
     return table
+
+
+def title_of(args: dict) -> str:
+    return f"{args['data']} · {Path(args['model']).name}"
 
 
 def _resume_layer(arms) -> int | None:
@@ -155,6 +162,6 @@ def run(args: argparse.Namespace) -> int:
     rows = evaluate(engine, first, arms, "plan") + evaluate(engine, second, arms, "heldout")
     info = {"args": vars(args), "skipped": skipped, "cases": [len(first), len(second)],
             "mean_segment_tokens": sum(counts) / len(counts)}
-    print(_write(out, rows, prof, budgets, f"{args.data} · {Path(args.model).name}", info))
+    print(_write(out, rows, prof, budgets, title_of(vars(args)), info))
     print(f"wrote {out}/: rows.csv, summary.csv, summary.md, agreement.png, run.json")
     return 0

@@ -115,6 +115,64 @@ def by_margin(rows: list[Row], budget: float, threshold: float = 0.2) -> str:
     return "\n".join(lines) + "\n"
 
 
+def by_full_correct(rows: list[Row], budget: float) -> str:
+    """Greedy exact match at `budget` split by whether full's own answer is right (cases with a
+    known answer only), both halves together: a policy that disagrees where full is wrong may
+    be the one that is right. Empty if no case has a known answer."""
+    picked = [r for r in rows if r.budget in (None, budget) and r.family != "full"]
+    right = {(r.split, r.case): r.correct for r in rows
+             if r.family == "full" and r.correct is not None}
+    if not right:
+        return ""
+    n_right = sum(right.values())
+    heads = (f"full right (n={n_right})", f"full wrong (n={len(right) - n_right})",
+             "policy right where full is wrong")
+    groups: dict[str, tuple[list[float], list[float], list[float]]] = defaultdict(
+        lambda: ([], [], []))
+    for r in picked:
+        full_right = right.get((r.split, r.case))
+        if full_right is None:
+            continue
+        g = groups[r.policy]
+        g[0 if full_right else 1].append(float(r.exact))
+        if not full_right:
+            g[2].append(float(bool(r.correct)))
+    lines = [f"| exact match at {_pct(budget)} | " + " | ".join(heads) + " |",
+             "|---|---|---|---|"]
+    for policy, (ok, wrong, fixed) in groups.items():
+        lines.append(f"| {policy} | {_pct(_mean(ok))} | {_pct(_mean(wrong))} | "
+                     f"{_pct(_mean(fixed))} |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_markdown(rows: list[Row], budgets: list[float]) -> str:
+    """summary.md: the per-split tables, then (when 5% was run) exact match at 5% by case kind,
+    by full's first-token margin and by whether full was right."""
+    table = markdown(summarize(rows), budgets)
+    if 0.05 in budgets:
+        table += "\n### by case kind (both halves)\n\n" + by_kind(rows, 0.05)
+        table += ("\n### by full's first-token margin, p(top-1) − p(top-2) (both halves)\n\n"
+                  + by_margin(rows, 0.05))
+        correct = by_full_correct(rows, 0.05)
+        if correct:
+            table += "\n### by whether full's answer is right (both halves)\n\n" + correct
+    return table
+
+
+def read_rows(path: Path) -> list[Row]:
+    """Rows back from a `rows.csv` written by `vlcache eval`."""
+    def flag(s: str) -> bool | None:
+        return None if s == "" else s == "True"
+
+    with path.open(newline="") as f:
+        return [Row(d["split"], int(d["case"]), d["kind"], d["source"], d["family"],
+                    None if d["budget"] == "" else float(d["budget"]), d["policy"],
+                    int(d["segment_tokens"]), float(d["computed"]), float(d["kl"]),
+                    float(d["mse"]), d["top1"] == "True", d["exact"] == "True",
+                    flag(d["correct"]), d["answer"], float(d.get("margin") or "nan"))
+                for d in csv.DictReader(f)]
+
+
 def _pivot(rows: list[dict], budgets: list[float]) -> str:
     head = "| greedy exact match | " + " | ".join(_pct(b) for b in budgets) + " |"
     lines = [head, "|---" * (len(budgets) + 1) + "|"]
