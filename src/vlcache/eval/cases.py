@@ -59,6 +59,14 @@ def _user(*parts: Any) -> dict[str, Any]:
     return {"role": "user", "content": content}
 
 
+def reorder_parts(first: Any, second: Any, question: str) -> list[Any]:
+    """A two-image prompt's parts (text or image): the question is about the second image."""
+    return ["Image 1:", first, "Image 2:", second, f"{ABOUT_SECOND}{question}"]
+
+
+ABOUT_SECOND = "Answer about image 2. "
+
+
 def _cached_alone(image: Image.Image, far: bool = False) -> list[dict[str, Any]]:
     if far:
         return [{"role": "system", "content": FAR_SYSTEM}, _user(FAR_PREAMBLE, image, "Translate.")]
@@ -79,8 +87,7 @@ def make_case(kind: str, ex: Example, other: Example | None = None) -> Case:
     if kind == "reorder":
         if other is None:
             raise ValueError("a reorder case needs a second example")
-        prompt = _user("Image 1:", other.image, "Image 2:", ex.image,
-                       f"Answer about image 2. {ex.question}")
+        prompt = _user(*reorder_parts(other.image, ex.image, ex.question))
         return Case([prompt], [_cached_alone(ex.image), _cached_alone(other.image)], ex.answer,
                     kind, f"{ex.source} after {other.source}", [other.image, ex.image])
     raise ValueError(f"unknown case kind {kind!r}: expected one of {', '.join(KINDS)}")
