@@ -59,12 +59,12 @@ def _user(*parts: Any) -> dict[str, Any]:
     return {"role": "user", "content": content}
 
 
+ABOUT_SECOND = "Answer about image 2. "
+
+
 def reorder_parts(first: Any, second: Any, question: str) -> list[Any]:
     """A two-image prompt's parts (text or image): the question is about the second image."""
     return ["Image 1:", first, "Image 2:", second, f"{ABOUT_SECOND}{question}"]
-
-
-ABOUT_SECOND = "Answer about image 2. "
 
 
 def _cached_alone(image: Image.Image, far: bool = False) -> list[dict[str, Any]]:
