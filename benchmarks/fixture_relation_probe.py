@@ -146,7 +146,8 @@ def main() -> None:
     acc = fit_pairs(torch.cat([fa[ia], fa[ja]], 1), ta, torch.cat([fb[ib], fb[jb]], 1), tb)
     ctl = fit_pairs(torch.cat([fa[ia], fa[ja], ca[ia, :2], ca[ja, :2]], 1), ta,
                     torch.cat([fb[ib], fb[jb], cb[ib, :2], cb[jb, :2]], 1), tb)
-    majority = max((tb[tb >= 0] == 1).float().mean().item(), (tb[tb >= 0] == 0).float().mean().item())
+    share_right = (tb[tb >= 0] == 1).float().mean().item()
+    majority = max(share_right, 1 - share_right)
     print(f"pair (B right of / below A) from pooled tokens: {acc:.1%} over {clear} test pair-axes "
           f"(majority class {majority:.1%})")
     print(f"pair + true centres (control):                  {ctl:.1%}")
