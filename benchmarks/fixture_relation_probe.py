@@ -25,14 +25,10 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F
-from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
-    Qwen2_5_VisionTransformerPretrainedModel,
-)
 
-from vlcache.fixture.assemble import image_processor, vision_config
+from vlcache.fixture.assemble import image_processor, load_tower
 from vlcache.fixture.batches import vision_batch
 from vlcache.fixture.build import VISION_WEIGHTS
 from vlcache.fixture.data import Example, make_example
@@ -129,8 +125,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     sides = tuple(int(x) for x in args.sides.split(","))
-    tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(vision_config())
-    tower.load_state_dict({k: v.float() for k, v in load_file(args.vision).items()})
+    tower = load_tower(args.vision)
     tower.eval()
     t0 = time.time()
     train = pooled(tower, scenes(30_000, args.n, sides))
