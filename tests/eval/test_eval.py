@@ -161,6 +161,22 @@ def test_profile_and_eval_commands(tiny_checkpoints, tmp_path):
     assert main(["report", str(tmp_path)]) == 2  # no rows.csv there
 
 
+def test_epic_is_sized_per_half_to_spend_the_budget(tiny_checkpoints, tmp_path):
+    # a fixed K spends K / mean N of a half's segment tokens, so each half gets its own K
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(tiny_checkpoints["qwen2_5_vl"]), "--data", "random",
+                 "--limit", "6", "--kinds", "single,reorder", "--policies", "epic",
+                 "--budgets", "0.25", "--out", str(out)]) == 0
+    means = json.loads((out / "run.json").read_text())["mean_segment_tokens"]
+    with (out / "summary.csv").open() as f:
+        epic = {s["split"]: s for s in csv.DictReader(f) if s["family"] == "epic"}
+    assert set(epic) == {"plan", "heldout"}
+    for split, row in epic.items():
+        k = max(1, round(0.25 * means[split]))
+        assert row["policy"] == f"epic:{k}"
+        assert float(row["computed"]) == pytest.approx(k / means[split], abs=1e-6)
+
+
 def test_rows_survive_the_csv_round_trip(tmp_path):
     from vlcache.eval.report import read_rows, write_csv
     from vlcache.eval.runner import Row

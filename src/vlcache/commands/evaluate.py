@@ -61,6 +61,16 @@ def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, p
     return arms, skipped
 
 
+def mean_segment_tokens(engine, cases) -> float:
+    """The mean token count of the reusable segments (images, documents) of `cases`: what
+    a fixed-count policy (epic:K) is sized by, per half, so that K spends the target share of
+    that half's segment tokens (a fixed K spends K / mean N of them)."""
+    counts = [seg.num_tokens for c in cases for seg in engine.builder.build(c.messages).segments]
+    if not counts:
+        raise ValueError("no reusable segments (images or documents) in the examples")
+    return sum(counts) / len(counts)
+
+
 def _profile(args: argparse.Namespace, engine, first, examples, tokens, budgets, out: Path):
     """The sensitivity profile for the vlcache families: from --profile, or measured on the
     planning half (and its 5% plan saved beside the results); None if no family needs it."""
@@ -149,19 +159,19 @@ def run(args: argparse.Namespace) -> int:
         engine, first, second, examples = load_halves(args)
         prof = _profile(args, engine, first, examples, tokens, budgets, out)
         depth_prof = _depth_profile(args, engine, first, examples, tokens, budgets, out)
-        counts = [seg.num_tokens for c in first + second
-                  for seg in engine.builder.build(c.messages).segments]
-        arms, skipped = _arms(tokens, budgets, engine, sum(counts) / len(counts), prof,
-                              depth_prof)
-        engine.capture_hidden_at = _resume_layer(arms)
+        means = [mean_segment_tokens(engine, half) for half in (first, second)]
+        plan_arms, skipped = _arms(tokens, budgets, engine, means[0], prof, depth_prof)
+        held_arms, _ = _arms(tokens, budgets, engine, means[1], prof, depth_prof)
+        engine.capture_hidden_at = _resume_layer(plan_arms)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache eval: {e}", file=sys.stderr)
         return 2
     for line in skipped:
         print(f"skipped {line}", file=sys.stderr)
-    rows = evaluate(engine, first, arms, "plan") + evaluate(engine, second, arms, "heldout")
+    rows = (evaluate(engine, first, plan_arms, "plan")
+            + evaluate(engine, second, held_arms, "heldout"))
     info = {"args": vars(args), "skipped": skipped, "cases": [len(first), len(second)],
-            "mean_segment_tokens": sum(counts) / len(counts)}
+            "mean_segment_tokens": {"plan": means[0], "heldout": means[1]}}
     print(_write(out, rows, prof, budgets, title_of(vars(args)), info))
     print(f"wrote {out}/: rows.csv, summary.csv, summary.md, agreement.png, run.json")
     return 0

@@ -3,7 +3,9 @@
 B is the mean over layers of the share of a reused image's tokens that are computed (the same
 quantity as a plan's budget), so policies compare at the same number of computed token-layers:
 - static: r = B at every layer;
-- epic: K = round(B · mean N) leading tokens (a fixed count, so the share varies by image);
+- epic: K = round(B · mean N) leading tokens, mean N over the evaluated examples' segments (a
+  fixed count: the share varies by image, but the token-weighted share over the set is B;
+  `vlcache eval` sizes K per half, since the halves' images differ in size);
 - cacheblend: all tokens up to the check layer c, then ratio (B·L - c)/(L - c);
   impossible below B = c/L (returns None);
 - kvshare: all up to layer1, 2ρ up to layer2, then ρ; ρ solved from the same mean;
