@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from vlcache.fixture.data import COLORS, QTYPES, SHAPES, WORDS, Example, make_example
 from vlcache.fixture.evaluate import accuracy_by_type, answer
 from vlcache.fixture.labels import CellLabels, cell_labels
 from vlcache.fixture.report import load
+from vlcache.workloads.synthetic import COLORS, QTYPES, SHAPES, WORDS, Example, make_example
 
 MODES = ("real", "words", "words-zero-bg", "description")
 

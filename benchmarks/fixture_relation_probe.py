@@ -31,8 +31,8 @@ from torch.nn import functional as F
 from vlcache.fixture.assemble import image_processor, load_tower
 from vlcache.fixture.batches import vision_batch
 from vlcache.fixture.build import VISION_WEIGHTS
-from vlcache.fixture.data import Example, make_example
 from vlcache.fixture.labels import cell_labels
+from vlcache.workloads.synthetic import Example, make_example
 
 
 def scenes(seed: int, n: int, sides: tuple[int, int]) -> list[Example]:

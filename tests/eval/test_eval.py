@@ -1,4 +1,4 @@
-"""Evaluation pieces: metrics, cases, data sets, equal-budget settings, and the two commands."""
+"""Evaluation pieces: metrics, equal-budget settings, reports, and the two commands."""
 
 from __future__ import annotations
 
@@ -7,14 +7,11 @@ import json
 
 import pytest
 import torch
-from PIL import Image
 
 from tests.conftest import random_image
 from vlcache.cli import main
 from vlcache.eval import metrics
 from vlcache.eval.budget import policy_at
-from vlcache.eval.cases import Example, build_cases, split_examples
-from vlcache.eval.datasets import fit_image, load_examples
 from vlcache.plan import Plan
 from vlcache.reuse.policy import parse_policy
 
@@ -49,64 +46,6 @@ def test_by_margin_splits_cases_by_full_confidence():
     assert "(n=1)" in table[0] and "(n=2)" in table[0]
     assert table[2] == "| naive | 0.0% | 100.0% |"
     assert table[3] == "| static | – | 100.0% |"  # the 10% arm is not in the 5% table
-
-
-def _examples(n: int, per_image: int = 2) -> list[Example]:
-    return [Example(random_image(i // per_image), f"q{i}", "yes", f"src{i}", f"img{i // per_image}")
-            for i in range(n)]
-
-
-def test_cases_cycle_kinds_and_never_pair_an_image_with_itself():
-    cases = build_cases(_examples(8), ("single", "reorder", "far", "before"))
-    assert [c.kind for c in cases] == ["single", "reorder", "far", "before"] * 2
-    for c in cases:
-        assert len(c.cache_messages) == len(c.images)
-        if c.kind == "reorder":
-            assert c.images[0] is not c.images[1]
-    with pytest.raises(ValueError, match="unknown case kind"):
-        build_cases(_examples(2), ("sideways",))
-
-
-def test_halves_do_not_share_images():
-    first, second = split_examples(_examples(10))
-    assert {e.group for e in first}.isdisjoint({e.group for e in second})
-    assert len(first) == 6 and len(second) == 4
-
-
-def test_fit_image_caps_the_token_count():
-    big = Image.new("RGB", (1000, 700))
-    small = fit_image(big, 64)
-    assert (small.width // 28) * (small.height // 28) <= 64
-    assert fit_image(small, 64) is small and fit_image(big, None) is big
-
-
-def test_mme_reader(tmp_path):
-    for subset in ("color", "count"):
-        (tmp_path / subset).mkdir()
-        for i in range(2):
-            random_image(i).save(tmp_path / subset / f"{i:04d}.png")
-            (tmp_path / subset / f"{i:04d}.txt").write_text(
-                "Is it red? Please answer yes or no.\tYes\n"
-                "Is it blue? Please answer yes or no.\tNo")
-    examples = load_examples("mme", limit=6, mme=tmp_path)
-    assert [e.source.split("#")[0] for e in examples[:4]] == [
-        "mme/color/0000.png", "mme/color/0000.png", "mme/count/0000.png", "mme/count/0000.png"]
-    assert [e.answer for e in examples[:2]] == ["Yes", "No"] and len(examples) == 6
-    only = load_examples("mme:count", limit=10, mme=tmp_path)
-    assert len(only) == 4 and all("count" in e.source for e in only)
-    with pytest.raises(ValueError, match="no MME subset"):
-        load_examples("mme:nope", mme=tmp_path)
-    with pytest.raises(ValueError, match="MME data not found"):
-        load_examples("mme", mme=tmp_path / "missing")
-    with pytest.raises(ValueError, match="unknown data set"):
-        load_examples("imagenet")
-
-
-def test_synthetic_set_uses_the_fixture_generator():
-    pytest.importorskip("vlcache.fixture.data")
-    examples = load_examples("synthetic", limit=3, max_tokens=64)
-    assert len(examples) == 3 and all(e.answer for e in examples)
-    assert all((e.image.width // 28) * (e.image.height // 28) <= 64 for e in examples)
 
 
 @pytest.mark.parametrize("budget", [0.05, 0.1, 0.2])

@@ -10,7 +10,6 @@ import pytest
 
 from tests.conftest import random_image
 from vlcache.engine import Engine
-from vlcache.eval.cases import Example, make_case
 from vlcache.planner.depth import (
     BlockPolicy,
     DepthProfile,
@@ -20,6 +19,7 @@ from vlcache.planner.depth import (
     profile_depths,
 )
 from vlcache.reuse.policy import RatioPolicy
+from vlcache.workloads.cases import Example, make_case
 
 
 def _brute(errors: np.ndarray, naive: float, budget: float) -> float:

@@ -2,7 +2,7 @@
 
 The plan is profiled on one half of the examples and evaluated on both halves. Each segment's
 (image's or document's) cache is built in another context than the evaluated prompt (see
-vlcache.eval.cases and vlcache.eval.reading).
+vlcache.workloads.cases and vlcache.workloads.reading).
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ def mean_segment_tokens(engine, cases) -> float:
 def _profile(args: argparse.Namespace, engine, first, examples, tokens, budgets, out: Path):
     """The sensitivity profile for the vlcache families: from --profile, or measured on the
     planning half (and its 5% plan saved beside the results); None if no family needs it."""
-    from vlcache.eval.datasets import describe
     from vlcache.plan import Plan
     from vlcache.planner.profile import load_profile, make_plan, profile
+    from vlcache.workloads.datasets import describe
 
     if args.profile:
         return load_profile(Plan.load(args.profile))
@@ -94,8 +94,8 @@ def _depth_profile(args: argparse.Namespace, engine, first, examples, tokens, bu
                    out: Path):
     """The depth profile for the vlcache-depth family, measured on the planning half for the
     largest budget (its 5% plan saved beside the results); None if not asked for."""
-    from vlcache.eval.datasets import describe
     from vlcache.planner.depth import depth_plan, profile_depths
+    from vlcache.workloads.datasets import describe
 
     if "vlcache-depth" not in tokens:
         return None

@@ -13,8 +13,8 @@ from vlcache.commands.generate import DTYPES
 
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `profile` and `eval`: model, data set, case kinds, sizes."""
-    from vlcache.eval.cases import KINDS
-    from vlcache.eval.reading import KINDS as READING_KINDS
+    from vlcache.workloads.cases import KINDS
+    from vlcache.workloads.reading import KINDS as READING_KINDS
 
     p.add_argument("--model", required=True,
                    help="local checkpoint directory (or a text-only .gguf file)")
@@ -36,9 +36,9 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
 def load_halves(args: argparse.Namespace):
     """(engine, planning-half cases, held-out-half cases, all examples) from the options."""
     from vlcache.engine import Engine
-    from vlcache.eval import reading
-    from vlcache.eval.cases import KINDS, build_cases, split_examples
-    from vlcache.eval.datasets import load_examples
+    from vlcache.workloads import reading
+    from vlcache.workloads.cases import KINDS, build_cases, split_examples
+    from vlcache.workloads.datasets import load_examples
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -57,8 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=float, default=0.05,
                    help="mean recompute ratio over layers (default 0.05)")
     p.add_argument("--method", choices=["dp", "greedy", "depth"], default="dp",
-                   help="dp (default): exact allocation over SPEC §3's S_l(r); greedy: the "
-                        "paper's greedy over S_l(r); depth: exact allocation over the depth "
+                   help="dp (default): exact allocation over the layer sensitivities "
+                        "S_l(r); greedy: the paper's greedy over S_l(r); depth: exact allocation "
+                        "over the depth "
                         "profile (planner/depth.py: each token group recomputed through layers "
                         "0..d by the engine itself; measures only what --budget can use)")
     p.add_argument("--half", choices=["plan", "all"], default="all",
@@ -67,10 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vlcache.eval.datasets import describe
     from vlcache.models.loading import ModelLoadError
     from vlcache.planner.allocate import grid_levels
     from vlcache.planner.profile import make_plan, profile
+    from vlcache.workloads.datasets import describe
 
     try:
         if not 0.0 <= args.budget <= 1.0:

@@ -10,9 +10,9 @@ from tqdm import tqdm
 from vlcache.engine import Engine
 from vlcache.engine.engine import PrefillRun
 from vlcache.eval import metrics
-from vlcache.eval.cases import Case, prime
 from vlcache.reuse.decode import decode_step
 from vlcache.reuse.policy import Policy, parse_policy
+from vlcache.workloads.cases import Case, prime
 
 MAX_TOKENS = 16
 

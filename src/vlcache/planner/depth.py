@@ -3,13 +3,14 @@
 A monotone plan on a grid of step Δ = 1/G is the same thing as a depth per token group: group k
 (an image's tokens from ceil(k·N/G) to ceil((k+1)·N/G), the order `Plan.tokens_at` uses) is
 computed at layers 0..d_k and reused above, with d_0 >= d_1 >= ... (d = -1: never computed);
-then r_l = #{k : d_k >= l} / G. SPEC §3's S_l(r) scores exact KV at one layer, which no plan
-produces: a token's KV at layer l is only as good as its recomputed input, and that input
-carries the deviation of every layer below (docs/quality.md, "Plans that start at a middle
-layer"). This profile instead runs the engine's own selective prefill for each (group, depth)
-and records the first-answer-token error E[k, d] = ||z - z_full||²; the allocation below picks
-the depths that maximise the summed gains Σ_k (E_naive - E[k, d_k]) within the budget, assuming
-the groups' gains add (as S_l assumes the layers' do).
+then r_l = #{k : d_k >= l} / G. The layer sensitivity S_l(r) (planner/sensitivity.py) scores
+exact KV at one layer, which no plan produces: a token's KV at layer l is only as good as its
+recomputed input, and that input carries the deviation of every layer below (docs/quality.md,
+"Plans that start at a middle layer"). This profile instead runs the engine's own selective
+prefill for each (group, depth) and records the first-answer-token error
+E[k, d] = ||z - z_full||²; the allocation below picks the depths that maximise the summed gains
+Σ_k (E_naive - E[k, d_k]) within the budget, assuming the groups' gains add (as S_l assumes the
+layers' do).
 
 Only (k, d) pairs that some plan within `max_budget` can use are measured: depths are
 non-increasing, so group k at depth d costs at least (k+1)(d+1) group-layers of the G·L·B
@@ -26,10 +27,10 @@ import torch
 from tqdm import tqdm
 
 from vlcache.engine import Engine
-from vlcache.eval.cases import Case, prime
 from vlcache.plan import Plan
 from vlcache.planner.allocate import grid_levels
 from vlcache.reuse.policy import LayerProbe, Policy, TokenSchedule
+from vlcache.workloads.cases import Case, prime
 
 NOT_MEASURED = math.inf
 

@@ -1,4 +1,5 @@
-"""The profiler: S_l(r) averaged over a proxy data set, and the plan it implies (SPEC §3)."""
+"""The profiler: S_l(r) (planner/sensitivity.py) averaged over a proxy data set, and the plan
+it implies (planner/allocate.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import torch
 from tqdm import tqdm
 
 from vlcache.engine import Engine
-from vlcache.eval.cases import Case, prime
 from vlcache.plan import Plan
 from vlcache.planner.allocate import Allocation, allocate_dp, allocate_greedy, grid_levels
 from vlcache.planner.sensitivity import ProbeInputs, sensitivity
+from vlcache.workloads.cases import Case, prime
 
 UNITS = "||z - z_full||^2 over the vocabulary (first answer token), mean over prompts"
 

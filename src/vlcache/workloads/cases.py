@@ -1,7 +1,9 @@
-"""Evaluation cases: a prompt to answer and, for each of its images, the *other* request that
-cached it (SPEC §3: "each image's cache built under a different context").
+"""Evaluation cases: a prompt to answer and, for each of its segments (images), the *other*
+request that cached it: each image's cache is built under a different context than the prompt
+that reuses it, which is the situation position-independent reuse is for.
 
-Kinds, after notes/reuse-error.md (a lone image after an unchanged prefix barely suffers):
+Kinds, taken in turn; a lone image after an unchanged prefix barely suffers from reuse, so each
+kind changes what the image's cached KV attended to:
 - `single`: cached under another system prompt + "Describe this image.", asked with the default
   system prompt and the question after the image;
 - `before`: the same cache, but the question comes *before* the image, so the image's KV should

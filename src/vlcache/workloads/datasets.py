@@ -1,12 +1,14 @@
 """Data sets for profiling and evaluation, named by a spec string.
 
-- `synthetic`: the fixture model's seeded shapes/colours/words questions (vlcache.fixture.data),
-  held-out seed, all question types in turn;
+- `synthetic`: seeded shapes/colours/words questions (vlcache.workloads.synthetic, the
+  generator the fixture model was trained on), a seed no training used, all question types in
+  turn;
 - `mme` or `mme:SUBSET[,SUBSET...]`: the MME images and yes/no questions, read at run time from
-  `../shared/eval/mme` (or `--mme-root`; never copied into the repository), subsets interleaved;
+  `--mme-root` or `$VLCACHE_MME_ROOT` (default `../shared/eval/mme`, beside the checkout; never
+  copied into the repository), subsets interleaved;
 - `random`: noise images with a generic question and no answer (for random-weight models);
 - `reading` or `reading:SEED`: invented facts in 3–4 short documents and one question
-  (vlcache.eval.reading; documents instead of images, so text-only models can run it).
+  (vlcache.workloads.reading; documents instead of images, so text-only models can run it).
 
 Large images are scaled down to at most `max_image_tokens` image tokens, to keep CPU runs short.
 """
@@ -21,7 +23,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vlcache.eval.cases import Example
+from vlcache.workloads.cases import Example
+from vlcache.workloads.synthetic import QTYPES, make_example
 
 DEFAULT_MME_ROOT = Path("../shared/eval/mme")
 SYNTHETIC_SEED = 20_000  # not a training seed of the fixture
@@ -95,10 +98,6 @@ def _pairs(items: list[tuple]) -> list[list[tuple]]:
 
 
 def load_synthetic(limit: int, max_tokens: int | None) -> list[Example]:
-    try:
-        from vlcache.fixture.data import QTYPES, make_example
-    except ImportError as e:
-        raise ValueError(f"the synthetic set needs vlcache.fixture.data ({e})") from None
     examples = []
     for i in range(limit):
         ex = make_example(SYNTHETIC_SEED, i, level=1, sides=SYNTHETIC_SIDES,
@@ -130,7 +129,7 @@ def load_examples(spec: str, limit: int = 48, mme: str | Path | None = None,
     if name == "random" and not arg:
         return load_random(limit)
     if name == "reading":
-        from vlcache.eval.reading import load_reading
+        from vlcache.workloads.reading import load_reading
 
         if arg and not arg.isdigit():
             raise ValueError(f"reading takes an integer seed, got {arg!r}")

@@ -4,8 +4,9 @@ Every fact is invented (made-up names of rivers, towns, people, with random numb
 colours), so an answer can only come from the documents in the prompt. Each example has 3–4
 short documents (~40–80 tokens each) and one question whose one-word answer is in one of them.
 
-Cases, after notes/reuse-error.md (each document is cached *alone*, under another system prompt
-and "Summarize this document:", so its cached KV never attended to the other documents):
+Cases, built like the image cases of vlcache.workloads.cases (each document is cached *alone*,
+under another system prompt and "Summarize this document:", so its cached KV never attended to
+the other documents):
 - `shuffle`: another system prompt, the documents in a shuffled order, then the question;
 - `before`: the question comes before the documents;
 - `refer`: the answer's document does not name its subject ("The river that visitors ask about
@@ -21,7 +22,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from vlcache.eval.cases import Case
+from vlcache.workloads.cases import Case
 
 KINDS = ("shuffle", "before", "refer")
 
