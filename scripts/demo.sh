@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-.venv/bin/vlcache fixture build
+.venv/bin/vlcache-fixture build
 MODEL=${VLCACHE_CACHE_DIR:-$HOME/.cache/vlcache}/fixture-qwen2_5_vl-0.5b
 exec .venv/bin/vlcache generate --model "$MODEL" --image examples/shapes.png \
   --system "You are a helpful assistant." \

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs vlcache with its development extras.
+# Creates .venv (if missing) and installs vlcache with its development extras, and the fixture
+# (fixture/: the trained test model's own package and `vlcache-fixture` command).
 # torch is pinned to 2.13.0: on this machine kind that is a local CPU wheel; an unpinned torch
 # would pull a multi-GB CUDA build.
 set -euo pipefail
@@ -10,10 +11,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.vlcache-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "== installing vlcache and its dependencies (first run takes a few minutes)"
+# Reinstall when either pyproject changed, or a command is missing (a venv made before the
+# fixture had its own package).
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ fixture/pyproject.toml -nt "$stamp" ] \
+  || [ ! -x .venv/bin/vlcache ] || [ ! -x .venv/bin/vlcache-fixture ]; then
+  echo "== installing vlcache, the fixture and their dependencies (first run takes a few minutes)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q torch==2.13.0
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -e '.[dev]' -e ./fixture
   touch "$stamp"
 fi

@@ -10,7 +10,6 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("vlcache.commands.generate", "answer prompts about images through the cache"),
     "serve": ("vlcache.commands.serve", "OpenAI-compatible HTTP server with the image cache"),
-    "fixture": ("vlcache.fixture.cli", "build, train or evaluate the trained fixture VLM"),
     "profile": ("vlcache.commands.profile", "measure layer sensitivity and write a recompute plan"),
     "eval": ("vlcache.commands.evaluate", "compare reuse policies against full recompute"),
     "report": ("vlcache.commands.report", "rewrite an evaluation's summary from its rows.csv"),
@@ -34,6 +33,10 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
+    if command == "fixture":  # a command of its own since the fixture left the package
+        print("vlcache: the fixture has its own command now: vlcache-fixture "
+              + " ".join(argv[argv.index("fixture") + 1:]), file=sys.stderr)
+        return 2
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     return int(importlib.import_module(args._module).run(args) or 0)
 

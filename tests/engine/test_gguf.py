@@ -1,9 +1,13 @@
 """A text-only GGUF checkpoint (the fixture's Qwen2.5 language model) served by the engine.
 
-Needs the ~490 MB GGUF that `vlcache fixture build` downloads; skipped when it is not cached.
+Needs the ~490 MB GGUF that `vlcache-fixture build` downloads (fixture/README.md); skipped when
+it is not there. `$VLCACHE_GGUF` names another copy of the file.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,9 +15,19 @@ import torch
 from tests.conftest import document, user
 from tests.engine.helpers import hf_logits
 from vlcache.engine import Engine
-from vlcache.fixture.gguf import GGUF_NAME, cache_dir
 
-GGUF = cache_dir() / "gguf" / GGUF_NAME
+
+def _fixture_gguf() -> Path:
+    """Where the fixture's build leaves the GGUF: `$VLCACHE_CACHE_DIR` (default
+    ~/.cache/vlcache) / gguf / qwen2.5-coder-0.5b-instruct.gguf."""
+    if os.environ.get("VLCACHE_GGUF"):
+        return Path(os.environ["VLCACHE_GGUF"]).expanduser()
+    cache = os.environ.get("VLCACHE_CACHE_DIR")
+    root = Path(cache).expanduser() if cache else Path.home() / ".cache" / "vlcache"
+    return root / "gguf" / "qwen2.5-coder-0.5b-instruct.gguf"
+
+
+GGUF = _fixture_gguf()
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} is not downloaded")]

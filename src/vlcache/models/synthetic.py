@@ -1,8 +1,8 @@
 """Random-weight checkpoints of the real architectures, for tests and timing.
 
 Timing does not depend on weight values, so a random model of a real size is honest for speed;
-quality needs trained weights (see vlcache.fixture). The tokenizer is byte-level with the Qwen
-special tokens, so prompts of any text work without a downloaded vocabulary.
+quality needs trained weights (the fixture, fixture/README.md). The tokenizer is byte-level with
+the Qwen special tokens, so prompts of any text work without a downloaded vocabulary.
 """
 
 from __future__ import annotations
