@@ -15,7 +15,7 @@ from vlcache.models.adapter import QwenVLAdapter
 from vlcache.models.synthetic import SIZES, SyntheticSpec, build_model
 
 # The fixture's language model (Qwen2.5-0.5B: 24 x 896, 14 heads, 2 KV heads, MLP 4864) and its
-# small trained vision tower (docs/fixture.md); the random model has a byte-level vocabulary,
+# small trained vision tower (fixture/README.md); the random model has a byte-level vocabulary,
 # which only changes the embedding lookup and the one-token head.
 FIXTURE_SPEC = SyntheticSpec("qwen2_5_vl", 896, 24, 14, 2, 4864, 256, 6, 4, 1024)
 BENCH_SIZES: dict[str, SyntheticSpec] = {**SIZES, "fixture-qwen2_5_vl-0.5b": FIXTURE_SPEC}
