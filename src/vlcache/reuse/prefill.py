@@ -63,6 +63,8 @@ class PrefillOutput:
     final_index: torch.Tensor | None = None  # [c_L] the rows of final_hidden that are valid
     relevance_s: float = 0.0  # time spent in the relevance pass (query-ranked schedules)
     naive_logits: torch.Tensor | None = None  # [V] the relevance pass's, when it ran all layers
+    relevance: dict[int, torch.Tensor] = field(default_factory=dict)
+    # segment index -> [N] the question's attention to its tokens (when the relevance pass ran)
 
 
 def _resumes(seg: SegmentInput, layer: int) -> bool:
@@ -182,6 +184,7 @@ def selective_prefill(
         final_index=index if keep_hidden else None,
         relevance_s=relevance_s,
         naive_logits=naive_logits,
+        relevance={i: s.relevance for i, s in enumerate(segments) if s.relevance is not None},
     )
 
 
