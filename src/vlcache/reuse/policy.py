@@ -43,6 +43,9 @@ class TokenSchedule(ABC):
     """
 
     restart_layer: int | None = None
+    # True when `select` returns a subset of `probe.previous` by construction: the prefill then
+    # skips checking it (the check reads tensor values, a host sync on a GPU).
+    nested: bool = False
     # Layers of the relevance pass this schedule needs before the prefill (0: none).
     relevance_depth: int = 0
 
@@ -82,6 +85,9 @@ class _PrefixSchedule(TokenSchedule):
     def __init__(self, counts: list[int], restart_layer: int | None = None) -> None:
         self.counts = counts
         self.restart_layer = restart_layer
+        # monotone counts of first tokens are nested; a restart layer is checked
+        self.nested = restart_layer is None and all(
+            a >= b for a, b in zip(counts, counts[1:], strict=False))
 
     def fallback(self) -> TokenSchedule:
         if self.restart_layer is None:
@@ -90,7 +96,7 @@ class _PrefixSchedule(TokenSchedule):
         return _PrefixSchedule([self.counts[r]] * r + self.counts[r:])
 
     def select(self, layer: int, probe: LayerProbe) -> torch.Tensor:
-        return torch.arange(self.counts[layer], dtype=torch.long)
+        return torch.arange(self.counts[layer], dtype=torch.long, device=probe.previous.device)
 
 
 class RatioPolicy(Policy):

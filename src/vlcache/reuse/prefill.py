@@ -90,8 +90,10 @@ def _select(seg: SegmentInput, layer: int, previous: torch.Tensor, h: torch.Tens
 
     probe = LayerProbe(layer, previous, deviation, relevance=seg.relevance,
                        reference=_reference_error(seg))
-    chosen = seg.schedule.select(layer, probe)
-    chosen = chosen.to(torch.long).sort().values
+    chosen = seg.schedule.select(layer, probe).to(torch.long)
+    if seg.schedule.nested and not _resumes(seg, layer):
+        return chosen  # a sorted subset of `previous` by construction: nothing to check
+    chosen = chosen.sort().values
     if chosen.numel() and (chosen[-1] >= seg.length or not torch.isin(chosen, previous).all()):
         raise RuntimeError(
             f"policy chose tokens at layer {layer} that were not computed at layer {layer - 1}"
@@ -169,7 +171,7 @@ def selective_prefill(
             h[index] = step.hidden
         for s in deepstack_rows:
             if layer < s.deepstack.shape[0]:
-                _add_deepstack(h, s, layer, index)
+                _add_deepstack(h, s, layer, previous[id(s)] if s.reused else None)
         computed_per_layer.append(int(seq_len if index is None else index.numel()))
     cache.length = seq_len
     last = adapter.logits(h[seq_len - 1:seq_len])[0]
@@ -246,11 +248,11 @@ def _computed_rows(runs: list[tuple[int, int]], reused: list[SegmentInput],
 
 
 def _add_deepstack(h: torch.Tensor, s: SegmentInput, layer: int,
-                   index: torch.Tensor | None) -> None:
-    """Qwen3-VL adds visual features to image tokens' outputs of the first D layers."""
-    rows = torch.arange(s.start, s.start + s.length, device=h.device)
+                   computed: torch.Tensor | None) -> None:
+    """Qwen3-VL adds visual features to image tokens' outputs of the first D layers; of a
+    reused image, to the rows computed at this layer (`computed`, local indices)."""
     feats = s.deepstack[layer]  # [N, H]
-    if index is not None and s.reused:
-        keep = torch.isin(rows, index)
-        rows, feats = rows[keep], feats[keep]
-    h[rows] += feats.to(h.dtype)
+    if computed is None:
+        h[s.start:s.start + s.length] += feats.to(h.dtype)
+    else:
+        h[s.start + computed] += feats[computed].to(h.dtype)

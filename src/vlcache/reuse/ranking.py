@@ -26,6 +26,8 @@ from vlcache.reuse.policy import LayerProbe, Policy, TokenSchedule
 class RankedSchedule(TokenSchedule):
     """Layer l keeps the `counts[l]` best tokens, by `rule`, of those computed at layer l-1."""
 
+    nested = True  # picks among probe.previous
+
     def __init__(self, counts: list[int], rule: str, relevance_depth: int = 0) -> None:
         if rule not in RULES:
             raise ValueError(f"unknown ranking rule {rule!r}: expected one of {', '.join(RULES)}")

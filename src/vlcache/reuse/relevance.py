@@ -43,7 +43,8 @@ def relevance(adapter: QwenVLAdapter,
     """-> (relevance of every position [S], the last row's hidden state after `depth` layers
     [H]; after all layers it is `naive`'s, which the guard compares against)."""
     h = embeds.clone()
-    index = rows.index if rows.index is not None else torch.arange(h.shape[0])
+    index = rows.index if rows.index is not None else torch.arange(h.shape[0],
+                                                                   device=h.device)
     local = torch.searchsorted(index, probe)  # [P] probe rows among the computed rows
     mass = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
     for layer in range(depth):
