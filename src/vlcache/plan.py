@@ -8,12 +8,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2  # 2 added `rule`; format-1 files load with rule "first"
+FORMATS = (1, 2)
+# How a layer's count of tokens is filled (reuse/ranking.py): the first tokens in position
+# order, the tokens the question attends to most, or (analysis only) those farthest from a full
+# run.
+RULES = ("first", "query", "oracle")
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Per-layer recompute ratios r_1 >= r_2 >= ... >= r_L, each in [0, 1].
+    """Per-layer recompute ratios r_1 >= r_2 >= ... >= r_L, each in [0, 1], and the ranking
+    rule that picks which tokens fill each layer's count (`first` unless the plan says).
 
     The monotone order is what makes selective prefill well defined: a token computed at layer
     l+1 was computed at layer l, so its layer-l output exists. A plan with `start_layer` R > 0
@@ -28,8 +34,12 @@ class Plan:
     name: str = "plan"
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     start_layer: int = 0
+    rule: str = "first"
 
     def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"unknown ranking rule {self.rule!r}: expected one of "
+                             f"{', '.join(RULES)}")
         if not self.ratios:
             raise ValueError("a plan needs at least one layer")
         for i, r in enumerate(self.ratios):
@@ -66,9 +76,9 @@ class Plan:
         return min(num_tokens, math.ceil(self.ratios[layer] * num_tokens - 1e-9))
 
     def to_json(self) -> str:
-        body = {"format": PLAN_FORMAT, "name": self.name, "ratios": list(self.ratios),
-                "budget": self.budget, **({"start_layer": self.start_layer} if self.start_layer
-                                          else {}), **{k: v for k, v in self.meta.items()}}
+        start = {"start_layer": self.start_layer} if self.start_layer else {}
+        body = {"format": PLAN_FORMAT, "name": self.name, "rule": self.rule,
+                "ratios": list(self.ratios), "budget": self.budget, **start, **self.meta}
         return json.dumps(body, indent=2)
 
     @classmethod
@@ -76,15 +86,15 @@ class Plan:
         body = json.loads(text)
         if not isinstance(body, dict) or "ratios" not in body:
             raise ValueError("not a vlcache plan: no 'ratios'")
-        if body.get("format", PLAN_FORMAT) != PLAN_FORMAT:
+        if body.get("format", PLAN_FORMAT) not in FORMATS:
             raise ValueError(f"plan format {body.get('format')} is not supported")
-        fields = {"format", "name", "ratios", "budget", "start_layer"}
+        fields = {"format", "name", "ratios", "budget", "start_layer", "rule"}
         meta = {k: v for k, v in body.items() if k not in fields}
         start = body.get("start_layer", 0)
         if not isinstance(start, int) or isinstance(start, bool):
             raise ValueError(f"plan start_layer must be an integer, got {start!r}")
         return cls(tuple(float(r) for r in body["ratios"]), name=body.get("name", "plan"),
-                   meta=meta, start_layer=start)
+                   meta=meta, start_layer=start, rule=body.get("rule", "first"))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())

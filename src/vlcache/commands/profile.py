@@ -64,6 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "0..d by the engine itself; measures only what --budget can use)")
     p.add_argument("--half", choices=["plan", "all"], default="all",
                    help="profile on the planning half only (as `eval` does) or on all examples")
+    p.add_argument("--rule", choices=["first", "query"], default="first",
+                   help="ranking rule the plan's per-layer counts are filled by (default first)")
     p.add_argument("--out", default="plan.json", help="plan file to write (default plan.json)")
 
 
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             "half": args.half, "kinds": args.kinds, "max_image_tokens": args.max_image_tokens}
         if args.method == "depth":
             return _depth(args, engine, cases, described)
-        prof = profile(engine, cases, args.grid, described)
+        prof = profile(engine, cases, args.grid, described, rule=args.rule)
         plan = make_plan(prof, args.budget, args.method)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache profile: {e}", file=sys.stderr)

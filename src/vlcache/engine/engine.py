@@ -18,9 +18,12 @@ from vlcache.entry import ImageEntry
 from vlcache.models.adapter import EncodedImage, QwenVLAdapter
 from vlcache.plan import Plan
 from vlcache.reuse.decode import decode_step
+from vlcache.reuse.guard import GuardPolicy
 from vlcache.reuse.policy import Policy, parse_policy
 from vlcache.reuse.prefill import PrefillOutput, SegmentInput, selective_prefill
 from vlcache.reuse.prefix import context_digest
+from vlcache.reuse.ranking import RankedSchedule
+from vlcache.reuse.relevance import question_rows
 from vlcache.stores.base import Store, open_store
 
 log = logging.getLogger("vlcache.engine")
@@ -83,6 +86,7 @@ class Engine:
                                      self.kv_dtype, adapter.image_token_id,
                                      getattr(adapter, "tokens_for_grid", None), self.limits)
         self.stop_ids = _stop_token_ids(tokenizer, adapter.model)
+        self.turn_ids = _turn_token_ids(tokenizer)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, store: Store | str | None = None,
@@ -119,16 +123,20 @@ class Engine:
 
     def prefill(self, messages: list[dict[str, Any]], policy: Policy | Plan | str | None = None,
                 max_new_tokens: int = 1, keep_hidden: bool = False,
-                store_entries: bool = True, capture: bool = False) -> PrefillRun:
+                store_entries: bool = True, capture: bool = False,
+                reference: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+                ) -> PrefillRun:
         """Prepare and prefill a request (no decoding): the first-token logits and the stats.
 
         `capture=True` records in `output.captured` the pre-RoPE KV, in this context, of every
         image the run computes in full, also of images the store already holds (the profiler
         needs the exact KV of the evaluated context); only images the store lacks are stored.
+        `reference` (analysis only: the oracle rule) maps segment keys to their exact pre-RoPE
+        KV in this prompt, from a captured full run.
         """
         start = time.perf_counter()
         run = self._prefill(messages, self._policy(policy), max_new_tokens, keep_hidden, start,
-                            capture)
+                            capture, reference)
         if store_entries:
             self._store(run)
         return run
@@ -141,7 +149,7 @@ class Engine:
     def _generate(self, messages: list[dict[str, Any]], policy: Policy, params: SamplingParams,
                   should_stop: Callable[[], bool] | None) -> Generator[StreamDelta, None, None]:
         start = time.perf_counter()
-        run = self._prefill(messages, policy, params.max_tokens, False, start, False)
+        run = self._prefill(messages, policy, params.max_tokens, False, start, False, None)
         stats = run.stats
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None \
             else None
@@ -182,7 +190,9 @@ class Engine:
         yield StreamDelta(text[emitted:], result)
 
     def _prefill(self, messages: list[dict[str, Any]], policy: Policy, max_new_tokens: int,
-                 keep_hidden: bool, start: float, capture: bool) -> PrefillRun:
+                 keep_hidden: bool, start: float, capture: bool,
+                 reference: dict[str, tuple[torch.Tensor, torch.Tensor]] | None
+                 ) -> PrefillRun:
         t = time.perf_counter()
         prompt = self.builder.build(messages)
         stats = RequestStats(policy=policy.name, prompt_tokens=int(prompt.input_ids.shape[0]),
@@ -200,11 +210,30 @@ class Engine:
                         for i, seg in enumerate(prompt.segments)]
             segments = self._segments(prompt, policy, encoded, entries, held, embeds, contexts,
                                       capture)
+            for sp, seg in zip(prompt.segments, segments, strict=True):
+                if reference and seg.reused and sp.key in reference:
+                    seg.reference_keys, seg.reference_values = reference[sp.key]
+            probe = question_rows(prompt.input_ids,
+                                  [(sp.start, sp.num_tokens) for sp in prompt.segments],
+                                  self.turn_ids)
             t = time.perf_counter()
-            out = selective_prefill(self.adapter, embeds, positions, segments,
-                                    capacity=embeds.shape[0] + max_new_tokens,
-                                    keep_hidden=keep_hidden,
-                                    capture_hidden_at=self.capture_hidden_at)
+
+            def prefill() -> PrefillOutput:
+                return selective_prefill(self.adapter, embeds, positions, segments,
+                                         capacity=embeds.shape[0] + max_new_tokens,
+                                         keep_hidden=keep_hidden,
+                                         capture_hidden_at=self.capture_hidden_at,
+                                         probe_rows=probe.to(embeds.device))
+
+            out = prefill()
+            stats.select_s = out.relevance_s
+            if isinstance(policy, GuardPolicy) and policy.escalate(out.logits, out.naive_logits):
+                for seg in segments:  # recompute every reused token (the encoder stays reused)
+                    if seg.reused:
+                        seg.schedule = RankedSchedule([seg.length] * self.adapter.num_layers,
+                                                      "first")
+                stats.escalated = True
+                out = prefill()
             stats.prefill_s = time.perf_counter() - t
         _account(stats, prompt, segments, out)
         run = PrefillRun(prompt, positions, out, stats)
@@ -352,6 +381,16 @@ def _account(stats: RequestStats, prompt: Prompt, segments: list[SegmentInput],
 def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
     hits = [text.find(s) for s in stops if s and s in text]
     return min(hits) if hits else None
+
+
+def _turn_token_ids(tokenizer) -> set[int]:
+    """Tokens that open a chat turn (ChatML's <|im_start|>, Llama 3's header), where known."""
+    ids = set()
+    for tok in ("<|im_start|>", "<|start_header_id|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return ids
 
 
 def _stop_token_ids(tokenizer, model) -> set[int]:

@@ -25,6 +25,8 @@ class RequestStats:
     vision_s: float = 0.0  # a miss's preprocessing and vision tower
     load_s: float = 0.0  # reading entries from the store
     prefill_s: float = 0.0
+    select_s: float = 0.0  # part of prefill_s spent choosing tokens (the relevance pass)
+    escalated: bool = False  # the guard recomputed every reused token (after its base pass)
     store_s: float = 0.0  # writing new entries
     ttft_s: float = 0.0
     decode_s: float = 0.0

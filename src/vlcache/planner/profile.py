@@ -3,6 +3,7 @@ it implies (planner/allocate.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,15 +28,24 @@ class Profile:
     cases: int
     model: str
     dataset: dict = field(default_factory=dict)
+    rule: str = "first"  # the ranking rule the table was measured for
 
     @property
     def step(self) -> float:
         return self.ratios[1]
 
 
-def probe_inputs(engine: Engine, case: Case) -> ProbeInputs:
-    """Prime the case's caches in their other contexts, run it in full, collect both KVs."""
+def probe_inputs(engine: Engine, case: Case, rule: str = "first") -> ProbeInputs:
+    """Prime the case's caches in their other contexts, run it in full, collect both KVs (and,
+    for the query rule, each segment's tokens in the order of the question's attention)."""
     prime(engine, case)
+    orders = None
+    if rule == "query":
+        ranked = engine.prefill(case.messages, policy="query:0", store_entries=False)
+        orders = [ranked.output.relevance[i].argsort(descending=True)
+                  for i in range(len(ranked.prompt.segments))]
+    elif rule != "first":
+        raise ValueError(f"the profiler measures the first and query rules, not {rule!r}")
     run = engine.prefill(case.messages, policy="full", capture=True, store_entries=False)
     stale, exact, spans = [], [], []
     for i, im in enumerate(run.prompt.segments):  # images and documents
@@ -46,19 +56,20 @@ def probe_inputs(engine: Engine, case: Case) -> ProbeInputs:
         exact.append(run.output.captured[i])
         spans.append((im.start, im.num_tokens))
     return ProbeInputs(run.prompt.input_ids, run.positions, spans, stale, exact,
-                       run.output.logits)
+                       run.output.logits, orders)
 
 
 def profile(engine: Engine, cases: list[Case], step: float, dataset: dict | None = None,
-            progress: bool = True) -> Profile:
-    """Measure S_l(r) on every case for every layer and every r on the grid of step `step`."""
+            progress: bool = True, rule: str = "first") -> Profile:
+    """Measure S_l(r) on every case for every layer and every r on the grid of step `step`,
+    the recomputed tokens chosen by `rule`."""
     levels = grid_levels(step)
     ratios = [g / levels for g in range(levels + 1)]
     total = torch.zeros(engine.adapter.num_layers, len(ratios), dtype=torch.float64)
     for case in tqdm(cases, desc="profiling", unit="prompt", disable=not progress):
-        total += sensitivity(engine.adapter, probe_inputs(engine, case), ratios)
+        total += sensitivity(engine.adapter, probe_inputs(engine, case, rule), ratios)
     return Profile(ratios, (total / max(len(cases), 1)).numpy(), len(cases),
-                   str(engine.adapter.fingerprint), dataset or {})
+                   str(engine.adapter.fingerprint), dataset or {}, rule)
 
 
 def allocate(prof: Profile, budget: float, method: str = "dp") -> Allocation:
@@ -85,7 +96,9 @@ def make_plan(prof: Profile, budget: float, method: str = "dp") -> Plan:
                         "prompts": prof.cases},
         "dataset": prof.dataset,
     }
-    return chosen.plan(f"vlcache@{budget:g}", meta)
+    plan = chosen.plan(f"vlcache@{budget:g}" + ("" if prof.rule == "first" else f"/{prof.rule}"),
+                       meta)
+    return dataclasses.replace(plan, rule=prof.rule)
 
 
 def load_profile(plan: Plan) -> Profile:
@@ -95,7 +108,7 @@ def load_profile(plan: Plan) -> Profile:
         raise ValueError("the plan carries no sensitivity table")
     return Profile(list(s["ratios"]), np.asarray(s["table"], dtype=np.float64),
                    int(s.get("prompts", 0)), str(plan.meta.get("model", "")),
-                   dict(plan.meta.get("dataset", {})))
+                   dict(plan.meta.get("dataset", {})), plan.rule)
 
 
 def objectives(prof: Profile, budgets: list[float]) -> list[dict]:

@@ -1,8 +1,10 @@
 """Layer sensitivity S_l(r) for one prompt (SPEC §3), computed without a prefill per (l, r).
 
 "r at layer l only": every image token is reused from the stale cache (built in another
-context) at every layer, except that at layer l the first ceil(r·N) tokens of each image use
-their exact KV (from the full run of this prompt); text tokens are computed everywhere. That is
+context) at every layer, except that at layer l the first ceil(r·N) tokens of each image (in
+the order of the plan's ranking rule: position order for `first`, the question's attention for
+`query`) use their exact KV (from the full run of this prompt); text tokens are computed
+everywhere. That is
 a `naive` prefill whose reused KV at layer l has its first rows replaced, so:
 
 - one naive pass records, per layer, the text rows' inputs and the K/V of every row;
@@ -39,6 +41,8 @@ class ProbeInputs:
     stale: list[KV]  # per image: [L, N, kvh, d] pre-RoPE K and V cached in another context
     exact: list[KV]  # per image: [L, N, kvh, d] pre-RoPE K and V of the full run of this prompt
     target: torch.Tensor  # [V] first-answer-token logits of the full run
+    # per image: [N] its tokens in the ranking rule's order (None: position order)
+    orders: list[torch.Tensor] | None = None
 
 
 @dataclass
@@ -112,15 +116,17 @@ def _stale_kv(adapter: QwenVLAdapter, probe: ProbeInputs, cos: torch.Tensor,
 
 def _variants_at(layer: int, trace: _Trace, probe: ProbeInputs, ratios: list[float],
                  cos: torch.Tensor, sin: torch.Tensor) -> KV:
-    """[R, S, kvh, d]: the naive pass's K/V at `layer`, the first ceil(r·N) image rows exact."""
+    """[R, S, kvh, d]: the naive pass's K/V at `layer`, the first ceil(r·N) image rows (in the
+    rule's order) exact."""
     keys = trace.keys[layer][None].repeat(len(ratios), 1, 1, 1)
     values = trace.values[layer][None].repeat(len(ratios), 1, 1, 1)
-    for (start, n), exact in zip(probe.spans, probe.exact, strict=True):
+    orders = probe.orders or [torch.arange(n, device=cos.device) for _, n in probe.spans]
+    for (start, n), exact, order in zip(probe.spans, probe.exact, orders, strict=True):
         rows = slice(start, start + n)
         k, v = _rotated(exact, layer, cos[rows], sin[rows])
         for j, r in enumerate(ratios):
-            m = min(n, math.ceil(r * n - 1e-9))
-            keys[j, start:start + m], values[j, start:start + m] = k[:m], v[:m]
+            top = order[:min(n, math.ceil(r * n - 1e-9))]
+            keys[j, start + top], values[j, start + top] = k[top], v[top]
     return keys, values
 
 

@@ -26,6 +26,8 @@ from vlcache.reuse.policy import LayerProbe, Policy, TokenSchedule
 class DeviationSchedule(TokenSchedule):
     """At each check layer keep the `count` highest-deviation tokens among those computed."""
 
+    nested = True  # picks among probe.previous
+
     def __init__(self, checks: list[tuple[int, int]]) -> None:
         self.checks = dict(checks)  # check layer -> tokens to keep
 

@@ -13,11 +13,13 @@ from vlcache.reuse.policy import LayerProbe, Policy, TokenSchedule
 
 
 class _FirstTokens(TokenSchedule):
+    nested = True  # the same first tokens at every layer
+
     def __init__(self, count: int) -> None:
         self.count = count
 
     def select(self, layer: int, probe: LayerProbe) -> torch.Tensor:
-        return torch.arange(self.count, dtype=torch.long)
+        return torch.arange(self.count, dtype=torch.long, device=probe.previous.device)
 
 
 class EpicPolicy(Policy):

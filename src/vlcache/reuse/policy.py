@@ -26,6 +26,12 @@ class LayerProbe:
     previous: torch.Tensor  # [c] sorted local indices computed at layer-1 (all N at layer 0)
     # Lazily computes ||K_fresh - K_cached||^2 (pre-RoPE, summed over heads) for `previous`: [c]
     deviation: Callable[[], torch.Tensor]
+    # The question's attention to each of the segment's N tokens (`relevance_depth` > 0 asks the
+    # prefill for it): [N]; None when not computed.
+    relevance: torch.Tensor | None = None
+    # Analysis only: how far each of the segment's N tokens is from the full run's KV, over all
+    # layers (relative squared error of K plus V): [N]; None when no full run was given.
+    reference: torch.Tensor | None = None
 
 
 class TokenSchedule(ABC):
@@ -37,6 +43,11 @@ class TokenSchedule(ABC):
     """
 
     restart_layer: int | None = None
+    # True when `select` returns a subset of `probe.previous` by construction: the prefill then
+    # skips checking it (the check reads tensor values, a host sync on a GPU).
+    nested: bool = False
+    # Layers of the relevance pass this schedule needs before the prefill (0: none).
+    relevance_depth: int = 0
 
     def fallback(self) -> TokenSchedule:
         """The schedule to follow when the restart layer's hidden state is not cached."""
@@ -74,6 +85,9 @@ class _PrefixSchedule(TokenSchedule):
     def __init__(self, counts: list[int], restart_layer: int | None = None) -> None:
         self.counts = counts
         self.restart_layer = restart_layer
+        # monotone counts of first tokens are nested; a restart layer is checked
+        self.nested = restart_layer is None and all(
+            a >= b for a, b in zip(counts, counts[1:], strict=False))
 
     def fallback(self) -> TokenSchedule:
         if self.restart_layer is None:
@@ -82,7 +96,7 @@ class _PrefixSchedule(TokenSchedule):
         return _PrefixSchedule([self.counts[r]] * r + self.counts[r:])
 
     def select(self, layer: int, probe: LayerProbe) -> torch.Tensor:
-        return torch.arange(self.counts[layer], dtype=torch.long)
+        return torch.arange(self.counts[layer], dtype=torch.long, device=probe.previous.device)
 
 
 class RatioPolicy(Policy):
@@ -150,6 +164,7 @@ def _parse_int(spec: str, text: str) -> int:
 
 POLICY_NAMES = ("full | encoder | prefix | naive | static:R | epic:K | "
                 "cacheblend[:RATIO[:LAYER]] | kvshare[:RATIO[:LAYER1[:LAYER2]]] | "
+                "query:R[:DEPTH] | oracle:R | guard[:THRESHOLD[:R]] | "
                 "vlcache:PLAN.json (or plan:PLAN.json)")
 
 
@@ -167,12 +182,20 @@ def _parse_blend(spec: str, name: str, args: list[str]) -> Policy:
     raise ValueError(f"policy {spec!r}: too many arguments")
 
 
+def _plan_policy(plan: Plan, name: str | None = None) -> Policy:
+    if plan.rule == "first":
+        return RatioPolicy(plan, name=name)
+    from vlcache.reuse.ranking import RankedPolicy
+
+    return RankedPolicy(plan, name=name)
+
+
 def parse_policy(spec: str | Policy | Plan) -> Policy:
     """A policy from its name (see POLICY_NAMES), or a Policy/Plan value."""
     if isinstance(spec, Policy):
         return spec
     if isinstance(spec, Plan):
-        return RatioPolicy(spec)
+        return _plan_policy(spec)
     name, _, arg = spec.strip().partition(":")
     if name == "full" and not arg:
         return FullPolicy()
@@ -193,6 +216,21 @@ def parse_policy(spec: str | Policy | Plan) -> Policy:
     if name in {"cacheblend", "kvshare"}:
         return _parse_blend(spec, name, arg.split(":") if arg else [])
     if name in {"plan", "vlcache"} and arg:
-        plan = Plan.load(arg)
-        return RatioPolicy(plan, name=f"{name}:{arg}")
+        return _plan_policy(Plan.load(arg), name=f"{name}:{arg}")
+    if name == "guard":
+        from vlcache.reuse.guard import DEFAULT_RATIO, DEFAULT_THRESHOLD, GuardPolicy
+
+        args = arg.split(":") if arg else []
+        if len(args) > 2:
+            raise ValueError(f"policy {spec!r}: too many arguments")
+        return GuardPolicy(_parse_ratio(spec, args[0]) if args else DEFAULT_THRESHOLD,
+                           _parse_ratio(spec, args[1]) if len(args) > 1 else DEFAULT_RATIO)
+    if name in {"query", "oracle"} and arg:
+        from vlcache.reuse.ranking import RankedPolicy
+
+        ratio, _, depth = arg.partition(":")
+        if depth and name != "query":
+            raise ValueError(f"policy {spec!r}: too many arguments")
+        return RankedPolicy(_parse_ratio(spec, ratio), rule=name,
+                            depth=_parse_int(spec, depth) if depth else None)
     raise ValueError(f"unknown policy {spec!r}: expected {POLICY_NAMES}")

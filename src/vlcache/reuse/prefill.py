@@ -7,15 +7,17 @@ layer l; their K/V there come from the cache entry (pre-RoPE K rotated at the ne
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from vlcache.models.adapter import QwenVLAdapter
+from vlcache.reuse.attention import RowBlock
 from vlcache.reuse.kvcache import KVCache
+from vlcache.reuse.layer import CachedSpan, Rows, layer_step
 from vlcache.reuse.policy import LayerProbe, TokenSchedule
-from vlcache.reuse.rope import apply_rope
+from vlcache.reuse.relevance import relevance
 
 
 @dataclass
@@ -33,6 +35,14 @@ class SegmentInput:
     # as the KV): there the schedule may pick any token, not only those computed one layer
     # down; tokens not computed below resume from these rows.
     cached_hidden: torch.Tensor | None = None
+    # For schedules that rank by relevance: the attention the prompt's question gives each of
+    # this segment's tokens ([N], from the relevance pass); set by the prefill when asked.
+    relevance: torch.Tensor | None = None
+    # For analysis only (the oracle rule): this segment's exact pre-RoPE KV in this prompt,
+    # from a full run ([L, N, kvh, d] each).
+    reference_keys: torch.Tensor | None = None
+    reference_values: torch.Tensor | None = None
+    reference_error: torch.Tensor | None = None  # [N], derived from the two above
 
     @property
     def reused(self) -> bool:
@@ -51,24 +61,10 @@ class PrefillOutput:
     # segment index -> [N, H] hidden state entering layer `capture_hidden_at` (capture=True)
     final_hidden: torch.Tensor | None = None  # [S, H] last-layer output rows (valid on C_L)
     final_index: torch.Tensor | None = None  # [c_L] the rows of final_hidden that are valid
-
-
-def attend(
-    q: torch.Tensor,  # [c, nh, d] rotated queries of the computed tokens
-    k: torch.Tensor,  # [S, kvh, d] rotated keys of the whole sequence
-    v: torch.Tensor,  # [S, kvh, d]
-    index: torch.Tensor | None,  # [c] sequence positions of the queries; None = all S, causal
-    scale: float,
-) -> torch.Tensor:  # [c, nh*d]
-    qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))  # [1, heads, len, d]
-    if index is None:
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale,
-                                             enable_gqa=True)
-    else:
-        mask = torch.arange(k.shape[0], device=k.device)[None, :] <= index[:, None]  # [c, S]
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale,
-                                             enable_gqa=True)
-    return out[0].transpose(0, 1).reshape(q.shape[0], -1)
+    relevance_s: float = 0.0  # time spent in the relevance pass (query-ranked schedules)
+    naive_logits: torch.Tensor | None = None  # [V] the relevance pass's, when it ran all layers
+    relevance: dict[int, torch.Tensor] = field(default_factory=dict)
+    # segment index -> [N] the question's attention to its tokens (when the relevance pass ran)
 
 
 def _resumes(seg: SegmentInput, layer: int) -> bool:
@@ -92,13 +88,34 @@ def _select(seg: SegmentInput, layer: int, previous: torch.Tensor, h: torch.Tens
         cached = seg.cached_keys[layer, previous].to(k.dtype)
         return (k - cached).float().pow(2).sum(dim=(1, 2))
 
-    chosen = seg.schedule.select(layer, LayerProbe(layer, previous, deviation))
-    chosen = chosen.to(torch.long).sort().values
+    probe = LayerProbe(layer, previous, deviation, relevance=seg.relevance,
+                       reference=_reference_error(seg))
+    chosen = seg.schedule.select(layer, probe).to(torch.long)
+    if seg.schedule.nested and not _resumes(seg, layer):
+        return chosen  # a sorted subset of `previous` by construction: nothing to check
+    chosen = chosen.sort().values
     if chosen.numel() and (chosen[-1] >= seg.length or not torch.isin(chosen, previous).all()):
         raise RuntimeError(
             f"policy chose tokens at layer {layer} that were not computed at layer {layer - 1}"
         )
     return chosen
+
+
+def _reference_error(seg: SegmentInput) -> torch.Tensor | None:
+    """[N] how far each cached token is from the full run, over all layers: per layer the
+    squared error of K and of V relative to their mean squared norm, summed (None: no full run
+    given). Computed once per segment and kept."""
+    if seg.reference_keys is None or seg.reference_values is None:
+        return None
+    if seg.reference_error is None:
+        total = torch.zeros(seg.length, dtype=torch.float32, device=seg.cached_keys.device)
+        for cached, exact in ((seg.cached_keys, seg.reference_keys),
+                              (seg.cached_values, seg.reference_values)):
+            diff = (cached.float() - exact.float()).pow(2).sum(dim=(2, 3))  # [L, N]
+            scale = exact.float().pow(2).sum(dim=(2, 3)).mean(dim=1, keepdim=True)  # [L, 1]
+            total += (diff / scale.clamp_min(1e-12)).sum(dim=0)
+        seg.reference_error = total
+    return seg.reference_error
 
 
 def selective_prefill(
@@ -109,17 +126,17 @@ def selective_prefill(
     capacity: int,  # KV cache capacity (prompt + tokens to decode)
     keep_hidden: bool = False,
     capture_hidden_at: int | None = None,  # also record capture segments' input to this layer
+    probe_rows: torch.Tensor | None = None,  # [P] the question's rows, for query ranking
 ) -> PrefillOutput:
     seq_len = embeds.shape[0]
     device = embeds.device
     cos, sin = adapter.rope_tables(positions)  # [S, d]
     cache = KVCache(adapter.num_layers, adapter.kv_heads, adapter.head_dim, capacity,
                     adapter.dtype, device)
-    reused = [s for s in segments if s.reused]
-    always = torch.ones(seq_len, dtype=torch.bool, device=device)
-    for s in reused:
-        always[s.start:s.start + s.length] = False
-    base = always.nonzero().squeeze(1)  # [b] tokens computed at every layer
+    reused = sorted((s for s in segments if s.reused), key=lambda s: s.start)
+    runs = _runs_between(reused, seq_len)  # [(start, stop)] computed at every layer
+    relevance_s, naive_logits = _rank_by_relevance(adapter, embeds, cos, sin, runs, reused,
+                                                   probe_rows)
     previous = {id(s): torch.arange(s.length, device=device) for s in reused}
     captured = {i: ([], []) for i, s in enumerate(segments) if s.capture}
     deepstack_rows = [s for s in segments if s.deepstack is not None]
@@ -133,44 +150,28 @@ def selective_prefill(
             for i in captured:
                 s = segments[i]
                 captured_hidden[i] = h[s.start:s.start + s.length].clone()  # [N, H]
-        parts = [base]
+        chosen = []
         for j, s in enumerate(reused):
-            chosen = _select(s, layer, previous[id(s)], h, adapter)
-            previous[id(s)] = chosen
-            reused_computed[j].append(int(chosen.numel()))
-            parts.append(chosen + s.start)
-        index = torch.cat(parts).sort().values if reused else None
-        if index is not None and index.numel() == seq_len:
-            index = None  # every token computed here: the plain causal path is exact and faster
-        x = h if index is None else h[index]  # [c, H]
-        q, k, v = adapter.qkv(layer, x)
-        if index is None:
-            keys, values = k, v  # [S, kvh, d] pre-RoPE
-        else:
-            keys = torch.empty(seq_len, adapter.kv_heads, adapter.head_dim, dtype=k.dtype,
-                               device=device)
-            values = torch.empty_like(keys)
-            for s in reused:
-                keys[s.start:s.start + s.length] = s.cached_keys[layer]
-                values[s.start:s.start + s.length] = s.cached_values[layer]
-            keys[index] = k
-            values[index] = v
+            chosen.append(_select(s, layer, previous[id(s)], h, adapter))
+            previous[id(s)] = chosen[-1]
+            reused_computed[j].append(int(chosen[-1].numel()))
+        index, blocks = _computed_rows(runs, reused, chosen, seq_len, device)
+        rows = Rows(index, blocks)
+        spans = [CachedSpan(s.start, s.cached_keys[layer], s.cached_values[layer])
+                 for s in reused]
+        step = layer_step(adapter, layer, h, rows, spans, cos, sin)
         for i, (ks, vs) in captured.items():
             s = segments[i]
-            ks.append(keys[s.start:s.start + s.length].clone())
-            vs.append(values[s.start:s.start + s.length].clone())
-        keys = apply_rope(keys, cos, sin)
-        q = apply_rope(q, cos if index is None else cos[index], sin if index is None else
-                       sin[index])
-        out = adapter.finish(layer, x, attend(q, keys, values, index, adapter.scaling))
-        cache.write_prefill(layer, keys, values)
+            ks.append(step.keys[s.start:s.start + s.length].clone())
+            vs.append(step.values[s.start:s.start + s.length].clone())
+        cache.write_prefill(layer, step.rotated, step.values)
         if index is None:
-            h = out
+            h = step.hidden
         else:
-            h[index] = out
+            h[index] = step.hidden
         for s in deepstack_rows:
             if layer < s.deepstack.shape[0]:
-                _add_deepstack(h, s, layer, index)
+                _add_deepstack(h, s, layer, previous[id(s)] if s.reused else None)
         computed_per_layer.append(int(seq_len if index is None else index.numel()))
     cache.length = seq_len
     last = adapter.logits(h[seq_len - 1:seq_len])[0]
@@ -183,15 +184,75 @@ def selective_prefill(
         captured_hidden=captured_hidden,
         final_hidden=h if keep_hidden else None,
         final_index=index if keep_hidden else None,
+        relevance_s=relevance_s,
+        naive_logits=naive_logits,
+        relevance={i: s.relevance for i, s in enumerate(segments) if s.relevance is not None},
     )
 
 
+def _rank_by_relevance(adapter: QwenVLAdapter, embeds: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor, runs: list[tuple[int, int]],
+                       reused: list[SegmentInput], probe_rows: torch.Tensor | None
+                       ) -> tuple[float, torch.Tensor | None]:
+    """Run the relevance pass if a schedule asks for it; set each segment's `relevance`.
+    -> (its time, naive's last-token logits [V] when it ran every layer)."""
+    depth = max((s.schedule.relevance_depth for s in reused), default=0)
+    if not depth:
+        return 0.0, None
+    start = time.perf_counter()
+    seq_len = embeds.shape[0]
+    nothing = [torch.empty(0, dtype=torch.long, device=embeds.device) for _ in reused]
+    rows = Rows(*_computed_rows(runs, reused, nothing, seq_len, embeds.device))
+    if probe_rows is None or not probe_rows.numel():
+        probe_rows = torch.tensor([seq_len - 1], device=embeds.device)
+    spans = [(s.start, s.cached_keys, s.cached_values) for s in reused]
+    mass, last = relevance(adapter, embeds, cos, sin, rows, spans, probe_rows, depth)  # [S], [H]
+    for s in reused:
+        s.relevance = mass[s.start:s.start + s.length]
+    naive = adapter.logits(last[None])[0] if depth == adapter.num_layers else None
+    return time.perf_counter() - start, naive
+
+
+def _runs_between(reused: list[SegmentInput], seq_len: int) -> list[tuple[int, int]]:
+    """The spans outside the reused segments (text, missed images), in order; empty spans kept
+    so that run i precedes reused segment i."""
+    bounds = [0] + [b for s in reused for b in (s.start, s.start + s.length)] + [seq_len]
+    return list(zip(bounds[0::2], bounds[1::2], strict=True))
+
+
+def _computed_rows(runs: list[tuple[int, int]], reused: list[SegmentInput],
+                   chosen: list[torch.Tensor], seq_len: int, device: torch.device
+                   ) -> tuple[torch.Tensor | None, list[RowBlock]]:
+    """This layer's computed rows in position order ([c] indices; None = all S) and their
+    attention blocks; block shapes come from host-side bounds, never from tensor values."""
+    if not reused:
+        return None, [RowBlock.run(0, 0, seq_len)]
+    parts: list[torch.Tensor] = []
+    blocks: list[RowBlock] = []
+    row = 0
+    for i, (a, b) in enumerate(runs):
+        if b > a:
+            parts.append(torch.arange(a, b, device=device))
+            blocks.append(RowBlock.run(row, a, b - a))
+            row += b - a
+        if i < len(reused) and chosen[i].numel():
+            s = reused[i]
+            positions = chosen[i] + s.start  # [k] sorted
+            parts.append(positions)
+            blocks.append(RowBlock(row, positions.numel(), s.start, s.start + s.length,
+                                   positions))
+            row += positions.numel()
+    if row == seq_len:  # every token computed here: the plain causal path is exact and faster
+        return None, [RowBlock.run(0, 0, seq_len)]
+    return torch.cat(parts), blocks
+
+
 def _add_deepstack(h: torch.Tensor, s: SegmentInput, layer: int,
-                   index: torch.Tensor | None) -> None:
-    """Qwen3-VL adds visual features to image tokens' outputs of the first D layers."""
-    rows = torch.arange(s.start, s.start + s.length, device=h.device)
+                   computed: torch.Tensor | None) -> None:
+    """Qwen3-VL adds visual features to image tokens' outputs of the first D layers; of a
+    reused image, to the rows computed at this layer (`computed`, local indices)."""
     feats = s.deepstack[layer]  # [N, H]
-    if index is not None and s.reused:
-        keep = torch.isin(rows, index)
-        rows, feats = rows[keep], feats[keep]
-    h[rows] += feats.to(h.dtype)
+    if computed is None:
+        h[s.start:s.start + s.length] += feats.to(h.dtype)
+    else:
+        h[s.start + computed] += feats[computed].to(h.dtype)
