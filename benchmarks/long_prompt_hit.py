@@ -20,7 +20,7 @@ from vlcache.bench.images import allow_tokens, synth_image, token_unit
 from vlcache.bench.models import random_engine
 from vlcache.bench.timing import run_rounds
 from vlcache.bench.ttft import engine_case
-from vlcache.reuse.policy import parse_policy
+from vlcache.reuse.registry import parse_policy
 
 MB = 1 << 20
 

@@ -16,7 +16,7 @@ from vlcache.bench.report import (
 )
 from vlcache.bench.ttft import PREFIX_SAME, TRANSFORMERS, measure_size
 from vlcache.cli import main
-from vlcache.reuse.policy import parse_policy
+from vlcache.reuse.registry import parse_policy
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from vlcache.cli import main
 from vlcache.eval import metrics
 from vlcache.eval.budget import policy_at
 from vlcache.plan import Plan
-from vlcache.reuse.policy import parse_policy
+from vlcache.reuse.registry import parse_policy
 
 
 def test_metrics():

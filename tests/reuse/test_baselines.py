@@ -11,8 +11,9 @@ from tests.conftest import ARCHS, random_image, user
 from vlcache.engine import Engine
 from vlcache.reuse.blend import CacheBlendPolicy, DeviationSchedule, KVSharePolicy
 from vlcache.reuse.epic import EpicPolicy
-from vlcache.reuse.policy import LayerProbe, parse_policy
+from vlcache.reuse.policy import LayerProbe
 from vlcache.reuse.prefix import PrefixPolicy
+from vlcache.reuse.registry import parse_policy
 
 CACHE = [{"role": "system", "content": "Describe images at length."}]
 

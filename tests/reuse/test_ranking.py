@@ -9,8 +9,9 @@ from tests.conftest import ARCHS, random_image, user
 from vlcache.engine import Engine
 from vlcache.eval.metrics import kl_divergence
 from vlcache.plan import Plan
-from vlcache.reuse.policy import LayerProbe, RatioPolicy, parse_policy
+from vlcache.reuse.policy import LayerProbe, RatioPolicy
 from vlcache.reuse.ranking import RankedPolicy, RankedSchedule
+from vlcache.reuse.registry import parse_policy
 from vlcache.reuse.relevance import attention_mass, question_rows
 
 CACHE = [{"role": "system", "content": "Describe images at length."}]

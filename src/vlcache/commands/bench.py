@@ -81,7 +81,8 @@ def machine() -> str:
 
 def _policies(spec: str, num_layers: int) -> dict:
     from vlcache.bench.plans import ramp_plan
-    from vlcache.reuse.policy import RatioPolicy, parse_policy
+    from vlcache.reuse.policy import RatioPolicy
+    from vlcache.reuse.registry import parse_policy
 
     out = {}
     for name in (s.strip() for s in spec.split(",") if s.strip()):

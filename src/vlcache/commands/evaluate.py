@@ -39,7 +39,7 @@ def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, p
           depth_prof=None):
     from vlcache.eval.budget import FAMILIES, policy_at
     from vlcache.eval.runner import Arm
-    from vlcache.reuse.policy import parse_policy
+    from vlcache.reuse.registry import parse_policy
 
     arms, skipped = [], []
     for token in tokens:

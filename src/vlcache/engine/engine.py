@@ -19,10 +19,11 @@ from vlcache.models.adapter import EncodedImage, QwenVLAdapter
 from vlcache.plan import Plan
 from vlcache.reuse.decode import decode_step
 from vlcache.reuse.guard import GuardPolicy
-from vlcache.reuse.policy import Policy, parse_policy
+from vlcache.reuse.policy import Policy
 from vlcache.reuse.prefill import PrefillOutput, SegmentInput, selective_prefill
 from vlcache.reuse.prefix import context_digest
 from vlcache.reuse.ranking import RankedSchedule
+from vlcache.reuse.registry import parse_policy
 from vlcache.reuse.relevance import question_rows
 from vlcache.stores.base import Store, open_store
 

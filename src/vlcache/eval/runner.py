@@ -11,7 +11,8 @@ from vlcache.engine import Engine
 from vlcache.engine.engine import PrefillRun
 from vlcache.eval import metrics
 from vlcache.reuse.decode import decode_step
-from vlcache.reuse.policy import Policy, parse_policy
+from vlcache.reuse.policy import Policy
+from vlcache.reuse.registry import parse_policy
 from vlcache.workloads.cases import Case, prime
 
 MAX_TOKENS = 16
