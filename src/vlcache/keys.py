@@ -79,9 +79,10 @@ def image_key(
     """Full-length blake3 over everything that shapes an image's cached tensors.
 
     The decoded pixels, the processor's settings and the code that applies them (transformers,
-    Pillow and NumPy versions) determine the preprocessed patches SPEC §1 keys on, so a hit
-    needs no preprocessing to find its entry (vlcache.engine.patches); a library upgrade that
-    could resize differently gives new keys rather than entries made from other patches.
+    Pillow and NumPy versions) determine the preprocessed patches a segment key covers (design
+    §1), so a hit needs no preprocessing to find its entry (vlcache.engine.patches); a library
+    upgrade that could resize differently gives new keys rather than entries made from other
+    patches.
     """
     if image.mode != "RGB":
         raise ValueError(f"image_key takes RGB images, got mode {image.mode}")

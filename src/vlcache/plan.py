@@ -1,4 +1,4 @@
-"""A recompute plan: per-layer ratios of each reused image's tokens to compute (SPEC §1, §3)."""
+"""A recompute plan: per-layer ratios of a reused segment's tokens to compute (design §1, §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §2 invariants: a hit recomputing everything equals a plain transformers forward."""
+"""The invariants of design §2: a hit recomputing everything equals a plain transformers forward."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a hit reuses and what it computes (SPEC §2): vision tower skipped, KV re-rotated."""
+"""What a hit reuses and what it computes (design §2): vision tower skipped, KV re-rotated."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The baseline policies of SPEC §4 (prefix, epic, cacheblend, kvshare) in the engine."""
+"""The baseline policies of design §4 (prefix, epic, cacheblend, kvshare) in the engine."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The model under test: a random-weight model of a real size (optionally fewer layers), or a
-checkpoint directory. Timing does not depend on weight values (SPEC §5)."""
+checkpoint directory. Timing does not depend on weight values (design §5)."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ class Limits:
 
 @dataclass(kw_only=True)
 class PreparedSegment:
-    """A span of the prompt whose KV is cached and reused on its own (SPEC §1)."""
+    """A span of the prompt whose KV is cached and reused on its own (design §1)."""
 
     key: str
     num_tokens: int

@@ -1,4 +1,4 @@
-"""Agreement with a full recompute of the same prompt (SPEC §5), and task accuracy."""
+"""Agreement with a full recompute of the same prompt (design §5), and task accuracy."""
 
 from __future__ import annotations
 

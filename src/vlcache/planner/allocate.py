@@ -1,4 +1,4 @@
-"""Budget allocation (SPEC §3): per-layer ratios minimising Σ_l S_l(r_l).
+"""Budget allocation (design §3): per-layer ratios minimising Σ_l S_l(r_l).
 
 Constraints: r_1 >= r_2 >= ... >= r_L, each r_l on the grid {0, Δ, ..., 1}, mean(r) <= B.
 Ratios are handled as integer levels g_l = r_l / Δ, so the budget is an integer number of units

@@ -1,4 +1,4 @@
-"""Layer sensitivity S_l(r) for one prompt (SPEC §3), computed without a prefill per (l, r).
+"""Layer sensitivity S_l(r) for one prompt (design §3), computed without a prefill per (l, r).
 
 "r at layer l only": every image token is reused from the stale cache (built in another
 context) at every layer, except that at layer l the first ceil(r·N) tokens of each image (in

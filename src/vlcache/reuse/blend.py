@@ -1,4 +1,4 @@
-"""Deviation-selected recompute: CacheBlend and KVShare (SPEC §4).
+"""Deviation-selected recompute: CacheBlend and KVShare (design §4).
 
 Both pick, at a check layer, the reused tokens whose fresh key deviates most from the cached one
 (||K_new - K_cached||², pre-RoPE, summed over heads), and from then on compute only those.

@@ -1,10 +1,12 @@
 """Reuse policies: which cached parts a hit may use and which of its tokens each layer computes.
 
-Every policy (full, encoder, naive, static, the profiled plan here; the baselines of SPEC §4 in
-prefix.py, epic.py and blend.py) answers two questions through one interface: may a hit take the
-encoder entry and the KV entry, and, layer by layer, which of a reused image's tokens are
-computed. The selection at layer l+1 must be a subset of the one at layer l (a token's layer-l
-output must exist to compute it at l+1); the prefill loop checks this.
+Every policy (full, encoder, naive, static and the profiled plan here; the baselines of design
+§4 in prefix.py, epic.py and blend.py; the ranked ones in ranking.py and guard.py; their names
+in registry.py) answers two questions through one interface: may a hit take the encoder entry
+and the KV entry, and, layer by layer, which of a reused segment's tokens are computed. The
+selection at layer l+1 must be a subset of the one at layer l (a token's layer-l output must
+exist to compute it at l+1); the prefill loop checks this unless the schedule is nested by
+construction.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Selective prefill (SPEC §2 step 5): each layer computes only its computed set C_l.
+"""Selective prefill (design §2 step 5): each layer computes only its computed set C_l.
 
 C_l = every text token, every token of a segment without reusable KV, and the tokens the policy
 picks for each reused segment. Tokens outside C_l get no norm, projection, attention or MLP at
