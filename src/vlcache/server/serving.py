@@ -1,5 +1,9 @@
-"""POST /v1/chat/completions: a request becomes an engine job; its events become one JSON answer
-or a stream of server-sent events in OpenAI's chunk format."""
+"""What the generation endpoints share: the model check, sampling, the job in the worker's queue,
+and its events turned into one JSON answer or a stream of server-sent events.
+
+The endpoints (chat.py, completions.py) differ only in how they read a request and in the shape
+of their answers, which they hand over as an `AnswerShape`.
+"""
 
 from __future__ import annotations
 
@@ -8,29 +12,18 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 
-from vlcache.engine import GenerationResult
+from vlcache.engine import GenerationResult, Limits
+from vlcache.engine.request import Messages
 from vlcache.server.config import ServerConfig
 from vlcache.server.errors import APIError, as_api_error
-from vlcache.server.media import MediaResolver
 from vlcache.server.metrics import Metrics
-from vlcache.server.schemas import (
-    AssistantMessage,
-    CacheUsage,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    Choice,
-    ChunkChoice,
-    Delta,
-    Message,
-    PromptTokensDetails,
-    Usage,
-)
+from vlcache.server.schemas import CacheUsage, GenerationRequest, PromptTokensDetails, Usage
 from vlcache.server.worker import Job, ModelWorker, QueueFull, queue_wait
 
 POLL_S = 0.25  # how often a request waiting for its first token checks for a disconnect
@@ -41,24 +34,54 @@ class ClientGone(Exception):
     """The client disconnected before its answer started."""
 
 
-class ChatCompletions:
-    """The chat endpoint: validation, media, queueing, and the two answer shapes."""
+class AnswerShape(Protocol):
+    """One endpoint's wire shapes; `head` is the id, created time and model of the answer."""
 
-    def __init__(self, config: ServerConfig, worker: ModelWorker, media: MediaResolver,
-                 metrics: Metrics) -> None:
+    def answer(self, head: dict[str, Any], result: GenerationResult, usage: Usage) -> BaseModel: ...
+
+    def opening(self, head: dict[str, Any]) -> BaseModel | None: ...
+
+    def delta(self, head: dict[str, Any], text: str) -> BaseModel: ...
+
+    def finish(self, head: dict[str, Any], reason: str) -> BaseModel: ...
+
+    def usage(self, head: dict[str, Any], usage: Usage) -> BaseModel: ...
+
+
+class Serving:
+    """Runs a request's engine input through the worker and answers in the endpoint's shape."""
+
+    def __init__(self, config: ServerConfig, worker: ModelWorker, metrics: Metrics) -> None:
         self.config = config
         self.worker = worker
-        self.media = media
         self.metrics = metrics
 
-    async def __call__(self, body: ChatCompletionRequest, request: Request) -> Response:
-        deadline = time.monotonic() + self.config.request_timeout_s  # media fetches count too
+    @property
+    def limits(self) -> Limits:
+        return self.worker.engine.limits
+
+    def check_model(self, body: GenerationRequest) -> None:
         if body.model is not None and body.model != self.config.model_name:
             raise APIError(404, f"model {body.model!r} is not served here (this server "
                            f"serves {self.config.model_name!r})", param="model",
                            code="model_not_found")
-        sampling = self._sampling(body)
-        messages = await engine_messages(body.messages, self.media)
+
+    def sampling(self, body: GenerationRequest, max_tokens: int | None,
+                 param: str) -> dict[str, Any]:
+        max_tokens = max_tokens or self.config.default_max_tokens
+        if max_tokens > self.config.max_tokens_limit:
+            raise APIError(400, f"{param}: {max_tokens} exceeds this server's limit of "
+                           f"{self.config.max_tokens_limit}", param=param,
+                           code="max_tokens_too_large")
+        return {"max_tokens": max_tokens,
+                "temperature": 1.0 if body.temperature is None else body.temperature,
+                "top_p": 1.0 if body.top_p is None else body.top_p,
+                "stop": tuple(body.stop or ()), "seed": body.seed}
+
+    async def run(self, body: GenerationRequest, messages: Messages, sampling: dict[str, Any],
+                  deadline: float, request: Request, shape: AnswerShape,
+                  id_prefix: str) -> Response:
+        """Queue the job; answer with the whole result, or stream it as it comes."""
         job = Job(messages, sampling, asyncio.get_running_loop(), deadline=deadline)
         try:
             self.worker.submit(job)
@@ -66,12 +89,15 @@ class ChatCompletions:
             raise APIError(503, f"the server is busy ({self.worker.max_queue} requests "
                            "queued); retry later", code="queue_full",
                            headers={"Retry-After": str(e.retry_after)}) from None
+        head = {"id": f"{id_prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
+                "model": self.config.model_name}
         try:
             first = await self._next(job, request)
             if first[0] == "error":  # a bad request fails before its first token
                 raise as_api_error(first[1])
             if body.stream:  # the stream's own cleanup cancels the job from here on
-                return StreamingResponse(self._stream(job, first, body.include_usage),
+                return StreamingResponse(self._stream(job, first, shape, head,
+                                                      body.include_usage),
                                          media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache"})
             result = await self._collect(job, first, request)
@@ -82,25 +108,8 @@ class ChatCompletions:
             self.worker.cancel(job)
             raise
         self.metrics.observe(result.stats, queue_wait(job))
-        answer = ChatCompletion(
-            id=_completion_id(), created=int(time.time()), model=self.config.model_name,
-            choices=[Choice(message=AssistantMessage(content=result.text),
-                            finish_reason=result.finish_reason)],  # type: ignore[arg-type]
-            usage=usage(result, queue_wait(job)))
+        answer = shape.answer(head, result, usage(result, queue_wait(job)))
         return JSONResponse(answer.model_dump(mode="json"))
-
-    def _sampling(self, body: ChatCompletionRequest) -> dict[str, Any]:
-        param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-        max_tokens = body.max_completion_tokens or body.max_tokens or \
-            self.config.default_max_tokens
-        if max_tokens > self.config.max_tokens_limit:
-            raise APIError(400, f"{param}: {max_tokens} exceeds this server's limit of "
-                           f"{self.config.max_tokens_limit}", param=param,
-                           code="max_tokens_too_large")
-        return {"max_tokens": max_tokens,
-                "temperature": 1.0 if body.temperature is None else body.temperature,
-                "top_p": 1.0 if body.top_p is None else body.top_p,
-                "stop": tuple(body.stop or ()), "seed": body.seed}
 
     async def _next(self, job: Job, request: Request | None) -> tuple[str, Any]:
         """The job's next event; 504 past its deadline; ClientGone if `request` disconnects."""
@@ -125,49 +134,32 @@ class ChatCompletions:
             raise as_api_error(value)
         return value
 
-    async def _stream(self, job: Job, first: tuple[str, Any],
-                      include_usage: bool) -> AsyncIterator[str]:
-        head: dict[str, Any] = {"id": _completion_id(), "created": int(time.time()),
-                                "model": self.config.model_name}
-
-        def chunk(**fields: Any) -> str:
-            return f"data: {ChatCompletionChunk(**head, **fields).model_dump_json()}\n\n"
+    async def _stream(self, job: Job, first: tuple[str, Any], shape: AnswerShape,
+                      head: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
+        def event(chunk: BaseModel) -> str:
+            return f"data: {chunk.model_dump_json()}\n\n"
 
         try:
-            yield chunk(choices=[ChunkChoice(delta=Delta(role="assistant", content=""))])
+            opening = shape.opening(head)
+            if opening is not None:
+                yield event(opening)
             kind, value = first
             while kind == "delta":
-                yield chunk(choices=[ChunkChoice(delta=Delta(content=value))])
+                yield event(shape.delta(head, value))
                 # Starlette cancels this generator when the client disconnects: no polling
                 kind, value = await self._next(job, None)
             if kind == "error":
                 raise as_api_error(value)
             self.metrics.observe(value.stats, queue_wait(job))
-            yield chunk(choices=[ChunkChoice(delta=Delta(), finish_reason=value.finish_reason)])
+            yield event(shape.finish(head, value.finish_reason))
             if include_usage:
-                yield chunk(choices=[], usage=usage(value, queue_wait(job)))
+                yield event(shape.usage(head, usage(value, queue_wait(job))))
         except APIError as e:  # the status is already sent: report it in the stream
             self.metrics.error(e)
             yield f"data: {json.dumps(e.body())}\n\n"
         finally:
             self.worker.cancel(job)
         yield "data: [DONE]\n\n"
-
-
-async def engine_messages(messages: list[Message], media: MediaResolver) -> list[dict]:
-    """Wire messages -> engine messages, with every image URL resolved to bytes."""
-    out = []
-    for i, m in enumerate(messages):
-        parts: list[dict[str, Any]] = []
-        for j, part in enumerate(m.content or []):
-            if part.image_url is not None and part.type == "image_url":
-                where = f"messages[{i}].content[{j}]"
-                parts.append({"type": "image", "image": await media.load(part.image_url.url,
-                                                                          where)})
-            else:
-                parts.append({"type": "text", "text": part.text or "", "cache": part.cache})
-        out.append({"role": "system" if m.role == "developer" else m.role, "content": parts})
-    return out
 
 
 def usage(result: GenerationResult, queue_s: float) -> Usage:
@@ -187,7 +179,3 @@ def usage(result: GenerationResult, queue_s: float) -> Usage:
             ttft_s=round(s.ttft_s, 6), prepare_s=round(s.prepare_s, 6),
             vision_s=round(s.vision_s, 6),
             queue_s=round(queue_s, 6)))
-
-
-def _completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
