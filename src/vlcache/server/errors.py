@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from vlcache.engine.request import RequestError
-from vlcache.server.schemas import UNSUPPORTED
+from vlcache.server.schemas import REFUSALS
 
 log = logging.getLogger("vlcache.server")
 
@@ -85,8 +85,8 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
         return APIError(400, "the request needs a JSON object as its body", code="invalid_json")
     param = param_path(first.get("loc", ()))
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    if kind == UNSUPPORTED:
-        return APIError(400, f"{param}: {msg}", param=param, code=UNSUPPORTED)
+    if kind in REFUSALS:  # the body is well formed; the server will not do what it asks
+        return APIError(400, f"{param}: {msg}", param=param, code=kind)
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     return APIError(422, f"{param}: {msg}{more}" if param else msg + more, param=param,
                     code="invalid_value")
