@@ -129,3 +129,22 @@ def test_should_stop_cancels_between_decoding_steps(engine):
     deltas = list(engine.stream([user("Count:")], max_tokens=50, should_stop=stop_after_three))
     result = deltas[-1].result
     assert result.finish_reason == "cancelled" and len(result.token_ids) == 3
+
+
+@pytest.mark.parametrize("stop", [("",), ("", "never-said")])
+def test_an_empty_stop_string_streams_every_character(engine, stop):
+    messages = [user("Count:")]
+    whole = engine.generate(messages, max_tokens=30, temperature=0)
+    deltas = list(engine.stream(messages, max_tokens=30, temperature=0, stop=stop))
+    assert "".join(d.text for d in deltas) == whole.text
+    assert deltas[-1].result.text == whole.text
+
+
+def test_raw_prompt_has_no_chat_template(engine):
+    run = engine.prefill("Once upon a time")
+    assert run.prompt.input_ids.tolist() == engine.tokenizer("Once upon a time")["input_ids"]
+    assert run.prompt.segments == [] and engine.generate("Once", max_tokens=3).text is not None
+    for bad in ("", "<|image_pad|>"):
+        with pytest.raises(RequestError) as info:
+            engine.prefill(bad)
+        assert info.value.param == "prompt"
