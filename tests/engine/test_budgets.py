@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import document, random_image, user
 from tests.engine.test_image_limits import png_header_only
 from vlcache.engine import Engine, Limits, RequestError
-from vlcache.engine.request import check_text
+from vlcache.engine.limits import check_text
 
 
 @pytest.fixture

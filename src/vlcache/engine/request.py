@@ -1,89 +1,31 @@
 """From chat messages to a prompt: images loaded, checked, preprocessed and keyed; token ids built.
 
-Everything a request can get wrong is found here, before any compute or caching happens.
+Everything a request can get wrong is found here, before any compute or caching happens, and
+the cheap checks come first (limits.py).
 """
 
 from __future__ import annotations
 
-import io
 import json
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
+from vlcache.engine.images import decode_image, load_image, open_image
+from vlcache.engine.limits import Limits, RequestError, TokenCount, check_budget, check_text
 from vlcache.engine.patches import GridMismatchError, Patcher
 from vlcache.keys import ModelFingerprint, image_key, segment_key
+
+__all__ = ["Limits", "Messages", "PromptBuilder", "Prompt", "RequestError", "check_budget",
+           "check_text", "load_image"]
 
 VISION_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 # Marks where a document goes in the rendered chat text (refused in user text).
 SEGMENT_SENTINEL = "\x00vlcache-segment\x00"
-_SURROGATE = re.compile("[\ud800-\udfff]")  # valid in a Python str, not in UTF-8
 # A chat request as the engine takes it; a plain string is a raw prompt (no chat template).
 Messages = list[dict[str, Any]] | str
-
-
-class RequestError(ValueError):
-    """A problem with the request itself (the server maps it to a 4xx answer)."""
-
-    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request",
-                 status: int = 400) -> None:
-        super().__init__(message)
-        self.param = param
-        self.code = code
-        self.status = status
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-request limits, checked before the work they bound: characters before tokenizing,
-    image sizes from their headers before decoding. Pixels are counted as sent, before resizing.
-    """
-
-    max_images: int = 16
-    max_image_pixels: int = 40_000_000  # one image
-    max_total_image_pixels: int = 80_000_000  # all images of a request, decoded
-    max_total_image_tokens: int = 16_384  # all images of a request (one 12.8 Mpx Qwen image)
-    max_prompt_tokens: int = 32_768
-    max_prompt_chars: int | None = None  # text of a request; None: 8 per allowed prompt token
-    min_image_side: int = 2  # a 1-pixel-wide image carries nothing to look at
-
-    def __post_init__(self) -> None:
-        if self.max_prompt_chars is None:
-            object.__setattr__(self, "max_prompt_chars", CHARS_PER_TOKEN * self.max_prompt_tokens)
-        for name in ("max_images", "max_image_pixels", "max_total_image_pixels",
-                     "max_total_image_tokens", "max_prompt_tokens", "max_prompt_chars"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-
-
-# Real text averages 3-5 characters per token; more than 8 is a run of repeats or padding.
-CHARS_PER_TOKEN = 8
-
-
-def check_text(text: str, where: str) -> None:
-    """Text the tokenizer can take: no lone UTF-16 surrogates (JSON lets "\\ud800" through)."""
-    bad = _SURROGATE.search(text)
-    if bad is not None:
-        raise RequestError(f"{where}: the text holds a lone surrogate {bad.group()!a} at "
-                           f"character {bad.start()}, which is not valid Unicode", param=where,
-                           code="invalid_text")
-
-
-def check_budget(chars: int, messages: int, limits: Limits, param: str = "messages") -> None:
-    """Refuses, before any tokenizing, text that cannot fit the prompt: more characters than
-    `max_prompt_chars`, or more messages than `max_prompt_tokens` (each costs a token or more)."""
-    if chars > limits.max_prompt_chars:
-        raise RequestError(f"the prompt's text has {chars} characters, over this server's limit "
-                           f"of {limits.max_prompt_chars} (max_prompt_chars)", param=param,
-                           code="context_length_exceeded")
-    if messages > limits.max_prompt_tokens:
-        raise RequestError(f"{messages} messages cannot fit the limit of "
-                           f"{limits.max_prompt_tokens} prompt tokens", param=param,
-                           code="context_length_exceeded")
 
 
 @dataclass(kw_only=True)
@@ -137,60 +79,6 @@ class Prompt:
         return torch.stack([im.grid_thw for im in images]) if images else None
 
 
-def open_image(source: Any, where: str, limits: Limits) -> Image.Image:
-    """PIL image, bytes or a path -> an image whose header is read and checked (size within
-    the limits), its pixels not yet decoded."""
-    try:
-        if isinstance(source, Image.Image):
-            image = source
-        elif isinstance(source, bytes | bytearray):
-            image = Image.open(io.BytesIO(source))
-        elif isinstance(source, str | Path):
-            image = Image.open(Path(source))
-        else:
-            raise RequestError(f"{where}: expected an image, bytes or a path, got "
-                               f"{type(source).__name__}", param=where)
-    except Image.DecompressionBombError:  # PIL refuses before our own limit is checked
-        raise _too_large(where, "so many pixels that PIL refuses it", limits) from None
-    except UnidentifiedImageError:
-        raise RequestError(f"{where}: cannot read the image (not a recognised image format)",
-                           param=where, code="invalid_image") from None
-    except (OSError, SyntaxError, ValueError) as e:
-        if isinstance(e, RequestError):
-            raise
-        raise RequestError(f"{where}: cannot read the image ({e})", param=where,
-                           code="invalid_image") from None
-    w, h = image.size
-    if w * h > limits.max_image_pixels:
-        raise _too_large(where, f"{w}x{h} = {w * h} pixels", limits)
-    if min(w, h) < limits.min_image_side:
-        raise RequestError(f"{where}: image of {w}x{h} pixels is below the minimum side of "
-                           f"{limits.min_image_side} pixels", param=where,
-                           code="image_too_small")
-    return image
-
-
-def decode_image(image: Image.Image, where: str) -> Image.Image:
-    """An opened image's pixels, decoded, as RGB; a broken file -> RequestError."""
-    try:
-        image.load()
-        return image.convert("RGB")
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        raise RequestError(f"{where}: cannot read the image ({e})", param=where,
-                           code="invalid_image") from None
-
-
-def load_image(source: Any, where: str, limits: Limits) -> Image.Image:
-    """PIL image, bytes or a path -> RGB image; unreadable or oversized input -> RequestError."""
-    return decode_image(open_image(source, where, limits), where)
-
-
-def _too_large(where: str, size: str, limits: Limits) -> RequestError:
-    return RequestError(f"{where}: image of {size} exceeds the limit of "
-                        f"{limits.max_image_pixels} pixels", param=where,
-                        code="image_too_large", status=413)
-
-
 class PromptBuilder:
     """Turns messages into a `Prompt` with the model's tokenizer, chat template and processor.
 
@@ -233,7 +121,7 @@ class PromptBuilder:
             raise RequestError("this model takes no images", param=images[0][0],
                                code="images_not_supported")
         opened = iter(self._open_images(images))
-        count = _TokenCount(self.limits)
+        count = TokenCount(self.limits)
         segments = []
         for kind, _, payload in flat.parts:
             seg = self._document(payload) if kind == "text" else self._image(*next(opened))
@@ -256,7 +144,7 @@ class PromptBuilder:
         if self.image_token_id is not None and self.image_token_id in ids:
             raise RequestError("the prompt contains image placeholder tokens; remove them",
                                param="prompt")
-        _TokenCount(self.limits, param="prompt").add(len(ids))
+        TokenCount(self.limits, param="prompt").add(len(ids))
         return Prompt(torch.tensor(ids, dtype=torch.long))
 
     def _flatten(self, messages: list[dict[str, Any]]) -> _Flat:
@@ -310,7 +198,7 @@ class PromptBuilder:
                                "(max_total_image_pixels)", param="messages",
                                code="image_pixels_exceeded", status=413)
         out = [(where, im, self._grid(im, where)) for where, im in opened]
-        count = _TokenCount(self.limits)
+        count = TokenCount(self.limits)
         for _, _, grid in out:
             if grid is not None:
                 count.add(self.tokens_for_grid(grid), image=True)
@@ -343,7 +231,7 @@ class PromptBuilder:
                              grid_thw=grid, patcher=self.patcher, _pixels=pixels)
 
     def _assemble(self, pieces: list[str], segments: list[PreparedSegment],
-                  count: _TokenCount) -> Prompt:
+                  count: TokenCount) -> Prompt:
         """Tokenize the text between documents, splice documents in, expand image pads."""
         images = iter([s for s in segments if isinstance(s, PreparedImage)])
         texts = iter([s for s in segments if isinstance(s, PreparedText)])
@@ -376,28 +264,3 @@ class _Flat(NamedTuple):
     messages: list[dict[str, str]]
     parts: list[tuple[str, str, Any]]  # (kind, where, payload)
     chars: int
-
-
-class _TokenCount:
-    """A request's prompt tokens as they are counted; over a limit -> RequestError at once."""
-
-    def __init__(self, limits: Limits, param: str = "messages") -> None:
-        self.limits = limits
-        self.param = param
-        self.tokens = 0
-        self.image_tokens = 0
-
-    def add(self, tokens: int, image: bool = False) -> None:
-        self.tokens += tokens
-        if image:
-            self.image_tokens += tokens
-            if self.image_tokens > self.limits.max_total_image_tokens:
-                raise RequestError(f"the request's images take {self.image_tokens} tokens or "
-                                   "more, over this server's limit of "
-                                   f"{self.limits.max_total_image_tokens} "
-                                   "(max_total_image_tokens)", param=self.param,
-                                   code="image_tokens_exceeded")
-        if self.tokens > self.limits.max_prompt_tokens:
-            raise RequestError(f"prompt of {self.tokens} tokens or more exceeds the limit of "
-                               f"{self.limits.max_prompt_tokens}", param=self.param,
-                               code="context_length_exceeded")

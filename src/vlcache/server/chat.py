@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from vlcache.engine import GenerationResult
-from vlcache.engine.request import check_budget
+from vlcache.engine.limits import check_budget
 from vlcache.server.media import MediaResolver
 from vlcache.server.schemas import (
     AssistantMessage,

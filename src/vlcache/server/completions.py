@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from vlcache.engine import GenerationResult
-from vlcache.engine.request import check_budget
+from vlcache.engine.limits import check_budget
 from vlcache.server.schemas import Completion, CompletionChoice, CompletionRequest, Usage
 from vlcache.server.serving import Serving
 

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from vlcache.engine.request import RequestError
+from vlcache.engine.limits import RequestError
 from vlcache.server.schemas import REFUSALS
 
 log = logging.getLogger("vlcache.server")
