@@ -138,7 +138,9 @@ def _preflight(base: str, origin: str) -> httpx.Response:
 def test_cors_for_the_allowed_origin_only(locked):
     ok = _preflight(locked, ORIGIN)
     assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == ORIGIN
-    assert "access-control-allow-origin" not in _preflight(locked, "https://evil.example").headers
+    evil = _preflight(locked, "https://evil.example")
+    assert evil.status_code == 400 and "access-control-allow-origin" not in evil.headers
+    assert evil.json()["error"]["code"] == "cors_rejected"
     r = httpx.get(f"{locked}/v1/models", headers={"Origin": ORIGIN})  # a 401 carries it too
     assert r.status_code == 401 and r.headers["access-control-allow-origin"] == ORIGIN
 

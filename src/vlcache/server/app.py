@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -21,7 +20,7 @@ from vlcache.server.config import ServerConfig
 from vlcache.server.errors import install_handlers
 from vlcache.server.media import MediaResolver
 from vlcache.server.metrics import Metrics
-from vlcache.server.middleware import ApiKey, BodyLimit, CountRequests
+from vlcache.server.middleware import ApiKey, BodyLimit, Cors, CountRequests
 from vlcache.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from vlcache.server.serving import Serving
 from vlcache.server.worker import ModelWorker
@@ -90,7 +89,7 @@ def _add_middleware(app: FastAPI, config: ServerConfig, metrics: Metrics) -> Non
     if config.api_key is not None:
         app.add_middleware(ApiKey, key=config.api_key, on_error=metrics.error)
     if config.allowed_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+        app.add_middleware(Cors, allow_origins=list(config.allowed_origins),
                            allow_methods=list(config.allowed_methods),
                            allow_headers=list(config.allowed_headers),
                            allow_credentials=config.allow_credentials)

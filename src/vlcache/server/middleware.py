@@ -1,12 +1,15 @@
-"""ASGI middlewares: the API key, the request-body size limit, and counting answers by status."""
+"""ASGI middlewares: CORS refusals in the OpenAI error shape, the API key, the request-body size
+limit, and counting answers by status."""
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
 
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vlcache.server.errors import APIError
@@ -48,6 +51,19 @@ class BodyLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+class Cors(CORSMiddleware):
+    """Starlette's CORS, with a refused preflight answered as an OpenAI-style error."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        e = APIError(response.status_code, bytes(response.body).decode(), code="cors_rejected")
+        headers = {k: v for k, v in response.headers.items()
+                   if k.lower() not in ("content-length", "content-type")}
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 class ApiKey:
