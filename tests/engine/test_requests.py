@@ -7,9 +7,11 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from tests.conftest import random_image, user
 from vlcache.engine import Engine, Limits, RequestError
+from vlcache.engine.sampling import SamplingParams, sample
 from vlcache.models.loading import ModelLoadError
 from vlcache.models.synthetic import build_image_processor
 
@@ -148,3 +150,10 @@ def test_raw_prompt_has_no_chat_template(engine):
         with pytest.raises(RequestError) as info:
             engine.prefill(bad)
         assert info.value.param == "prompt"
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1e-300, 1.0), (1.0, 1e-300), (1e-6, 0.5)])
+def test_extreme_temperature_and_top_p_sample_the_top_token(temperature, top_p):
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.9])
+    params = SamplingParams(temperature=temperature, top_p=top_p)
+    assert sample(logits, params, torch.Generator().manual_seed(0)) == 1

@@ -200,6 +200,25 @@ def test_coercions_are_refused(base, field, value):
     assert _refused(r, 422, "invalid_value")["param"].startswith(field)
 
 
+@pytest.mark.parametrize("sampling", [{"temperature": 1e-300}, {"top_p": 1e-300},
+                                      {"temperature": 1e-300, "stream": True},
+                                      {"seed": 2**64 - 1}, {"seed": -(2**63)}])
+def test_extreme_sampling_values_are_served(base, sampling):
+    body = {"model": MODEL, "messages": ask(None, "hi"), "max_tokens": 3, "temperature": 1.0}
+    r = _post(base, {**body, **sampling})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("text,path", [("<|image_pad|>", "/v1/chat/completions"),
+                                       ("\u0000vlcache-segment\u0000", "/v1/chat/completions"),
+                                       ("<|image_pad|>", "/v1/completions"),
+                                       ("", "/v1/completions")])
+def test_reserved_text_is_a_400(base, text, path):
+    body = {"prompt": text} if path == "/v1/completions" else \
+        {"messages": [{"role": "user", "content": text}]}
+    _refused(_post(base, {"model": MODEL, **body}, path=path), 400, "invalid_request")
+
+
 def test_no_500_was_answered(base):
     families = text_string_to_metric_families(httpx.get(f"{base}/metrics").text)
     statuses = {s.labels["status"] for f in families if f.name == "vlcache_requests"
