@@ -31,7 +31,7 @@ TOO_MANY_MESSAGES = "too_many_messages"
 TOO_MANY_PARTS = "too_many_content_parts"
 REFUSALS = (UNSUPPORTED, TOO_MANY_MESSAGES, TOO_MANY_PARTS)  # answered 400 with this code
 # Counted on the parsed JSON before the messages are validated: validating is ~2 us a part on
-# the event loop, and 32 MiB of JSON holds a million empty parts. OpenAI allows 2048 messages.
+# the event loop, and 32 MiB of JSON holds a million empty parts.
 MAX_MESSAGES = 2048
 MAX_CONTENT_PARTS = 4096  # in all the messages of a request
 
