@@ -7,9 +7,11 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from tests.conftest import random_image, user
 from vlcache.engine import Engine, Limits, RequestError
+from vlcache.engine.sampling import SamplingParams, sample
 from vlcache.models.loading import ModelLoadError
 from vlcache.models.synthetic import build_image_processor
 
@@ -129,3 +131,29 @@ def test_should_stop_cancels_between_decoding_steps(engine):
     deltas = list(engine.stream([user("Count:")], max_tokens=50, should_stop=stop_after_three))
     result = deltas[-1].result
     assert result.finish_reason == "cancelled" and len(result.token_ids) == 3
+
+
+@pytest.mark.parametrize("stop", [("",), ("", "never-said")])
+def test_an_empty_stop_string_streams_every_character(engine, stop):
+    messages = [user("Count:")]
+    whole = engine.generate(messages, max_tokens=30, temperature=0)
+    deltas = list(engine.stream(messages, max_tokens=30, temperature=0, stop=stop))
+    assert "".join(d.text for d in deltas) == whole.text
+    assert deltas[-1].result.text == whole.text
+
+
+def test_raw_prompt_has_no_chat_template(engine):
+    run = engine.prefill("Once upon a time")
+    assert run.prompt.input_ids.tolist() == engine.tokenizer("Once upon a time")["input_ids"]
+    assert run.prompt.segments == [] and engine.generate("Once", max_tokens=3).text is not None
+    for bad in ("", "<|image_pad|>"):
+        with pytest.raises(RequestError) as info:
+            engine.prefill(bad)
+        assert info.value.param == "prompt"
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1e-300, 1.0), (1.0, 1e-300), (1e-6, 0.5)])
+def test_extreme_temperature_and_top_p_sample_the_top_token(temperature, top_p):
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.9])
+    params = SamplingParams(temperature=temperature, top_p=top_p)
+    assert sample(logits, params, torch.Generator().manual_seed(0)) == 1

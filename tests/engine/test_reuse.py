@@ -86,7 +86,8 @@ def test_same_image_twice_in_one_request(engine):
     img = random_image(15)
     calls = _count_vision_calls(engine)
     first = engine.prefill([user(img, "and again", img)])
-    assert calls[0] == 1 and first.stats.images_missed == 2
+    assert calls[0] == 1 and first.stats.images_missed == 1  # encoded once
+    assert first.stats.images == 2 and first.stats.images_hit == 0
     assert len(list(engine.store.keys())) == 1
     second = engine.prefill([user("twice:", img, img)])
     assert second.stats.images_kv_reused == 2 and calls[0] == 1

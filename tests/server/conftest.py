@@ -81,8 +81,8 @@ def serve(request) -> Iterator[ServerFactory]:
 
 
 def client(base_url: str, **kwargs) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused",
-                         **{"max_retries": 0, "timeout": 30.0, **kwargs})
+    return openai.OpenAI(base_url=f"{base_url}/v1",
+                         **{"api_key": "unused", "max_retries": 0, "timeout": 30.0, **kwargs})
 
 
 def png_bytes(image: Image.Image, fmt: str = "PNG") -> bytes:

@@ -87,7 +87,7 @@ BAD = {
     "max-tokens-huge": (ask(None, "hi"), {"max_tokens": 10**9},
                         400, "max_tokens_too_large", "max_tokens"),
     "temperature": (ask(None, "hi"), {"temperature": 7}, 422, "invalid_value", "temperature"),
-    "n-2": (ask(None, "hi"), {"n": 2}, 422, "invalid_value", "n"),
+    "n-2": (ask(None, "hi"), {"n": 2}, 400, "unsupported_parameter", "n"),
     "unknown-model": (ask(None, "hi"), {"model": "gpt-9"}, 404, "model_not_found", "model"),
 }
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.server.conftest import MODEL, ask, client
-from vlcache.engine import GenerationResult, RequestStats, StreamDelta
+from vlcache.engine import GenerationResult, Limits, RequestStats, StreamDelta
 from vlcache.server.worker import Job, ModelWorker
 from vlcache.stores import open_store
 
@@ -26,6 +26,7 @@ class SlowEngine:
 
     def __init__(self) -> None:
         self.store = open_store(None)
+        self.limits = Limits()
         self.produced = 0
 
     def stream(self, messages, max_tokens: int, **_) -> Iterator[StreamDelta]:

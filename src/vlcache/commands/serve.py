@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -39,9 +41,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-images", type=int, default=lim.max_images)
     p.add_argument("--max-image-pixels", type=int, default=lim.max_image_pixels)
     p.add_argument("--max-prompt-tokens", type=int, default=lim.max_prompt_tokens)
+    p.add_argument("--max-prompt-chars", type=int, default=None,
+                   help="characters of a request's text, refused before tokenizing "
+                        "(default: 8 per --max-prompt-tokens)")
+    p.add_argument("--max-total-image-pixels", type=int, default=lim.max_total_image_pixels,
+                   help="decoded pixels of all a request's images (default %(default)s)")
+    p.add_argument("--max-total-image-tokens", type=int, default=lim.max_total_image_tokens,
+                   help="image tokens of all a request's images (default %(default)s)")
     p.add_argument("--max-tokens-limit", type=int, default=d.max_tokens_limit,
                    help="largest max_tokens a request may ask for (default %(default)s)")
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
+    p.add_argument("--api-key", default=os.environ.get("VLCACHE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: "
+                        "$VLCACHE_API_KEY; unset: no key)")
+    p.add_argument("--allowed-origins", type=_names, default=(),
+                   help='CORS origins, e.g. \'["https://app.example"]\' or a,b (default: none, '
+                        "no CORS headers)")
+    p.add_argument("--allowed-methods", type=_names, default=d.allowed_methods)
+    p.add_argument("--allowed-headers", type=_names, default=d.allowed_headers)
+    p.add_argument("--allow-credentials", action="store_true")
+    p.add_argument("--store-recount-interval", type=float, default=d.store_recount_s,
+                   help="seconds between background recounts of the store's bytes and entries "
+                        "(default %(default)s)")
     p.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
 
@@ -74,9 +95,16 @@ def run(args: argparse.Namespace) -> int:
             max_tokens_limit=args.max_tokens_limit,
             allowed_local_media_path=args.allowed_local_media_path,
             allow_remote_media=args.allow_remote_media,
-            remote_media_timeout_s=args.remote_media_timeout, max_media_bytes=args.max_media_bytes)
+            remote_media_timeout_s=args.remote_media_timeout, max_media_bytes=args.max_media_bytes,
+            api_key=args.api_key or None, allowed_origins=args.allowed_origins,
+            allowed_methods=args.allowed_methods, allowed_headers=args.allowed_headers,
+            allow_credentials=args.allow_credentials,
+            store_recount_s=args.store_recount_interval)
         limits = Limits(max_images=args.max_images, max_image_pixels=args.max_image_pixels,
-                        max_prompt_tokens=args.max_prompt_tokens)
+                        max_total_image_pixels=args.max_total_image_pixels,
+                        max_total_image_tokens=args.max_total_image_tokens,
+                        max_prompt_tokens=args.max_prompt_tokens,
+                        max_prompt_chars=args.max_prompt_chars)
         engine = Engine.from_pretrained(args.model, store=args.store,
                                         policy=args.policy or DEFAULT_POLICY,
                                         dtype=DTYPES[args.dtype], limits=limits)
@@ -86,3 +114,16 @@ def run(args: argparse.Namespace) -> int:
     uvicorn.run(create_app(engine, config), host=args.host, port=args.port,
                 log_level=args.log_level)
     return 0
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A JSON list of strings (as vLLM's flags take) or a comma-separated list."""
+    if text.lstrip().startswith("["):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"not a JSON list: {e}") from None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise argparse.ArgumentTypeError("expected a JSON list of strings")
+        return tuple(value)
+    return tuple(v.strip() for v in text.split(",") if v.strip())

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from vlcache.engine.request import Limits, PreparedImage, Prompt, PromptBuilder
+from vlcache.engine.request import Limits, Messages, PreparedImage, Prompt, PromptBuilder
 from vlcache.engine.sampling import SamplingParams, sample
 from vlcache.engine.stats import RequestStats
 from vlcache.entry import ImageEntry
@@ -100,15 +100,16 @@ class Engine:
 
     # --- public API ---------------------------------------------------------------------------
 
-    def generate(self, messages: list[dict[str, Any]], policy: Policy | Plan | str | None = None,
+    def generate(self, messages: Messages, policy: Policy | Plan | str | None = None,
                  **sampling: Any) -> GenerationResult:
-        """Answer a chat request; `sampling` takes SamplingParams fields (max_tokens, ...)."""
+        """Answer a chat request (or complete a raw prompt string); `sampling` takes
+        SamplingParams fields (max_tokens, ...)."""
         for delta in self.stream(messages, policy=policy, **sampling):
             if delta.result is not None:
                 return delta.result
         raise RuntimeError("generation ended without a result")
 
-    def stream(self, messages: list[dict[str, Any]], policy: Policy | Plan | str | None = None,
+    def stream(self, messages: Messages, policy: Policy | Plan | str | None = None,
                should_stop: Callable[[], bool] | None = None,
                **sampling: Any) -> Iterator[StreamDelta]:
         """Like generate, yielding text as it is produced; the last delta carries the result.
@@ -122,7 +123,7 @@ class Engine:
                                    for k, v in sampling.items() if v is not None})
         yield from self._generate(messages, self._policy(policy), params, should_stop)
 
-    def prefill(self, messages: list[dict[str, Any]], policy: Policy | Plan | str | None = None,
+    def prefill(self, messages: Messages, policy: Policy | Plan | str | None = None,
                 max_new_tokens: int = 1, keep_hidden: bool = False,
                 store_entries: bool = True, capture: bool = False,
                 reference: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -147,7 +148,7 @@ class Engine:
     def _policy(self, policy: Policy | Plan | str | None) -> Policy:
         return self.policy if policy is None else parse_policy(policy)
 
-    def _generate(self, messages: list[dict[str, Any]], policy: Policy, params: SamplingParams,
+    def _generate(self, messages: Messages, policy: Policy, params: SamplingParams,
                   should_stop: Callable[[], bool] | None) -> Generator[StreamDelta, None, None]:
         start = time.perf_counter()
         run = self._prefill(messages, policy, params.max_tokens, False, start, False, None)
@@ -161,7 +162,7 @@ class Engine:
         tokens: list[int] = []
         position = int(run.positions.max()) + 1
         text, emitted, reason = "", 0, "length"
-        holdback = max((len(s) for s in params.stop), default=1) - 1
+        holdback = max((len(s) - 1 for s in params.stop if s), default=0)  # "" never matches
         while True:
             if token in self.stop_ids:
                 reason = "stop"
@@ -190,7 +191,7 @@ class Engine:
         result = GenerationResult(text, tokens, reason, stats)
         yield StreamDelta(text[emitted:], result)
 
-    def _prefill(self, messages: list[dict[str, Any]], policy: Policy, max_new_tokens: int,
+    def _prefill(self, messages: Messages, policy: Policy, max_new_tokens: int,
                  keep_hidden: bool, start: float, capture: bool,
                  reference: dict[str, tuple[torch.Tensor, torch.Tensor]] | None
                  ) -> PrefillRun:
@@ -278,8 +279,8 @@ class Engine:
             for im, enc in zip(missing, self.adapter.encode_images(pixels, grids), strict=True):
                 encoded[im.key] = enc
             stats.vision_s = time.perf_counter() - t
-        stats.images_missed = sum(im.key not in entries for im in prompt.images)
-        stats.images_hit = len(prompt.images) - stats.images_missed
+        stats.images_missed = len(missing)  # vision-tower runs: distinct images encoded
+        stats.images_hit = len({im.key for im in prompt.images}) - len(missing)
         return encoded
 
     def _fits(self, entry: ImageEntry, prompt: Prompt, key: str) -> bool:

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
+# Below this temperature sampling is greedy (as in vLLM): logits / 1e-300 overflow to inf.
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -26,12 +29,13 @@ class SamplingParams:
 
 def sample(logits: torch.Tensor, params: SamplingParams,
            generator: torch.Generator | None) -> int:  # logits [V]
-    if params.temperature == 0.0:
+    if params.temperature < GREEDY_BELOW:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.float() / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_p, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < params.top_p  # always keeps the top
+        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < params.top_p
+        keep[0] = True  # also when top_p underflows to 0 in float32
         sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
         choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=generator)
         return int(order[choice])

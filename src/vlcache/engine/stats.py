@@ -10,10 +10,10 @@ class RequestStats:
     policy: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    images: int = 0
-    images_hit: int = 0  # encoder entry taken from the store (vision tower skipped)
-    images_kv_reused: int = 0  # KV entry reused at the new position
-    images_missed: int = 0  # vision tower run
+    images: int = 0  # image occurrences in the prompt (an image sent twice counts twice)
+    images_hit: int = 0  # distinct images whose encoder output came from the store
+    images_kv_reused: int = 0  # occurrences whose KV entry was reused at the new position
+    images_missed: int = 0  # distinct images the vision tower encoded
     image_tokens: int = 0
     image_tokens_reused: float = 0.0  # KV-reused image tokens, averaged over layers
     image_tokens_recomputed: float = 0.0  # of the reused images' tokens, computed (layer mean)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MiB = 2**20
@@ -22,13 +22,21 @@ class ServerConfig:
     allow_remote_media: bool = False
     remote_media_timeout_s: float = 10.0
     max_media_bytes: int = 20 * MiB  # one local or remote image file
+    api_key: str | None = field(default=None, repr=False)  # /v1/* need "Bearer <key>"
+    allowed_origins: tuple[str, ...] = ()  # CORS; empty: no CORS headers at all
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    store_recount_s: float = 30.0  # how often the store's bytes and entries are recounted
 
     def __post_init__(self) -> None:
         for name in ("max_queue", "max_body_bytes", "default_max_tokens", "max_tokens_limit",
                      "max_media_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("request_timeout_s", "remote_media_timeout_s"):
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be empty")
+        for name in ("request_timeout_s", "remote_media_timeout_s", "store_recount_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.default_max_tokens > self.max_tokens_limit:

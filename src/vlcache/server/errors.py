@@ -1,8 +1,9 @@
 """OpenAI-style errors: one exception type, one body shape, handlers for everything else.
 
-Status rules: 400 a request the server refuses (bad media, a limit crossed), 404 an unknown model
-or route, 413 too many bytes or pixels, 422 a body that does not match the schema, 503 a full
-queue, 504 the request timeout, 500 a bug.
+Status rules: 400 a request the server refuses (bad media, a limit crossed, unparsable JSON, a
+parameter it cannot honour), 401 a missing or wrong API key, 404 an unknown model or route, 413
+too many bytes or pixels, 422 a body that does not match the schema, 503 a full queue, 504 the
+request timeout, 500 a bug. Every error carries a non-null `code`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from vlcache.engine.request import RequestError
+from vlcache.engine.limits import RequestError
+from vlcache.server.schemas import REFUSALS
 
 log = logging.getLogger("vlcache.server")
 
@@ -30,11 +32,12 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None,
                  code: str | None = None, type: str | None = None,
                  headers: Mapping[str, str] | None = None) -> None:
+        message = _printable(message)
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
-        self.code = code
+        self.code = code or ("invalid_request" if status < 500 else "internal_error")
         self.type = type or (INVALID_REQUEST if status < 500 else SERVER_ERROR)
         self.headers = dict(headers or {})
 
@@ -57,6 +60,11 @@ def as_api_error(e: BaseException) -> APIError:
     return APIError(500, f"internal error: {type(e).__name__}", code="internal_error")
 
 
+def _printable(text: str) -> str:
+    """Lone surrogates escaped: an answer's JSON must encode as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def param_path(loc: Sequence[str | int]) -> str | None:
     """('body', 'messages', 0, 'content', 1, 'type') -> 'messages[0].content[1].type'."""
     out = ""
@@ -66,13 +74,19 @@ def param_path(loc: Sequence[str | int]) -> str | None:
 
 
 def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
-    """The first schema violation, named by its JSON path (422; unparsable JSON is 400)."""
+    """The first schema violation, named by its JSON path: 422, or 400 for unparsable JSON and
+    for a parameter the server cannot honour."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
-    if first.get("type") == "json_invalid":
+    kind = first.get("type")
+    if kind == "json_invalid":
         return APIError(400, f"the body is not valid JSON ({first.get('msg')})",
                         code="invalid_json")
+    if kind == "missing" and tuple(first.get("loc", ())) == ("body",):
+        return APIError(400, "the request needs a JSON object as its body", code="invalid_json")
     param = param_path(first.get("loc", ()))
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if kind in REFUSALS:  # the body is well formed; the server will not do what it asks
+        return APIError(400, f"{param}: {msg}", param=param, code=kind)
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     return APIError(422, f"{param}: {msg}{more}" if param else msg + more, param=param,
                     code="invalid_value")
@@ -94,7 +108,8 @@ def install_handlers(app: FastAPI, on_error: Callable[[APIError], None]) -> None
 
     async def http_error(_: Request, e: Exception) -> JSONResponse:
         assert isinstance(e, HTTPException)
-        code = {404: "not_found", 405: "method_not_allowed",
+        code = {400: "invalid_json",  # FastAPI's only 400: a body it cannot parse
+                404: "not_found", 405: "method_not_allowed",
                 413: "request_too_large"}.get(e.status_code)
         return respond(APIError(e.status_code, str(e.detail), code=code,
                                 headers=e.headers))

@@ -15,6 +15,7 @@ import httpx
 from vlcache.server.errors import APIError
 
 _SCHEME = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*):")
+MAX_PATH_CHARS = 4096  # PATH_MAX on Linux; a longer path can only fail
 
 
 class MediaResolver:
@@ -30,8 +31,8 @@ class MediaResolver:
     async def load(self, url: str, where: str) -> bytes:
         match = _SCHEME.match(url[:32])  # not urlsplit: a data URL can be megabytes long
         scheme = match.group(1).lower() if match else ""
-        if scheme == "data":
-            return _decode_data_url(url, where)
+        if scheme == "data":  # decoding megabytes of base64 would stall the event loop
+            return await asyncio.to_thread(_decode_data_url, url, where)
         if scheme in ("http", "https"):
             return await self._download(url, where)
         if scheme == "file":
@@ -48,16 +49,11 @@ class MediaResolver:
             raise APIError(400, f"{where}: local files are disabled on this server (start it "
                            "with --allowed-local-media-path)", param=where,
                            code="local_media_disabled")
-        target = (root / path).resolve()  # follows symlinks: a link out of root is refused
-        if not target.is_relative_to(root):
-            raise APIError(400, f"{where}: {path!r} is outside the allowed media directory",
-                           param=where, code="media_path_not_allowed")
-        if not target.is_file():
-            raise APIError(400, f"{where}: no such file {path!r}", param=where,
-                           code="media_not_found")
-        size = target.stat().st_size
-        if size > self.max_bytes:
-            raise _too_large(where, size, self.max_bytes)
+        if "\x00" in path or len(path) > MAX_PATH_CHARS:
+            raise APIError(400, f"{where}: not a usable file path (a NUL byte, or over "
+                           f"{MAX_PATH_CHARS} characters)", param=where,
+                           code="invalid_image_url")
+        target = await asyncio.to_thread(_local_file, root, path, where, self.max_bytes)
         return await asyncio.to_thread(target.read_bytes)
 
     async def _download(self, url: str, where: str) -> bytes:
@@ -92,6 +88,25 @@ class MediaResolver:
             if len(data) > self.max_bytes:
                 raise _too_large(where, len(data), self.max_bytes)
         return bytes(data)
+
+
+def _local_file(root: Path, path: str, where: str, max_bytes: int) -> Path:
+    """The file `path` names under `root`, checked (blocking: run it in a thread)."""
+    try:
+        target = (root / path).resolve()  # follows symlinks: a link out of root is refused
+        if not target.is_relative_to(root):
+            raise APIError(400, f"{where}: {path!r} is outside the allowed media directory",
+                           param=where, code="media_path_not_allowed")
+        if not target.is_file():
+            raise APIError(400, f"{where}: no such file {path!r}", param=where,
+                           code="media_not_found")
+        size = target.stat().st_size
+    except (OSError, ValueError) as e:  # e.g. a name too long for the file system
+        raise APIError(400, f"{where}: cannot open {path[:200]!r} ({type(e).__name__})",
+                       param=where, code="media_not_found") from None
+    if size > max_bytes:
+        raise _too_large(where, size, max_bytes)
+    return target
 
 
 def _decode_data_url(url: str, where: str) -> bytes:

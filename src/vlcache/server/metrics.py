@@ -14,11 +14,16 @@ from vlcache.server.errors import APIError
 from vlcache.stores.base import Store
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-ENDPOINTS = ("/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+             "/version")
 
 
 class Metrics:
-    """Counters the HTTP layer updates, and gauges read when /metrics is scraped."""
+    """Counters the HTTP layer updates, and gauges read when /metrics is scraped.
+
+    A scrape only reads values kept in memory (the store's `usage` included, which a background
+    `Recounter` refreshes), so it never waits on the store's backend.
+    """
 
     def __init__(self, store: Store, queue_depth: Callable[[], int],
                  busy: Callable[[], bool]) -> None:
@@ -30,7 +35,7 @@ class Metrics:
         self.image_hits = Counter("vlcache_image_cache_hits",
                                   "Images whose encoder output came from the store", registry=r)
         self.image_misses = Counter("vlcache_image_cache_misses",
-                                    "Images that went through the vision tower", registry=r)
+                                    "Distinct images the vision tower encoded", registry=r)
         self.images_kv_reused = Counter("vlcache_images_kv_reused",
                                         "Images whose KV was reused", registry=r)
         self.cached_tokens = Counter("vlcache_cached_tokens",
@@ -56,8 +61,10 @@ class Metrics:
               registry=r).set_function(queue_depth)
         Gauge("vlcache_worker_busy", "1 while the model worker runs a request",
               registry=r).set_function(lambda: float(busy()))
-        Gauge("vlcache_store_bytes", "Bytes held by the cache store",
-              registry=r).set_function(lambda: store.nbytes)
+        Gauge("vlcache_store_bytes", "Bytes held by the cache store (as last counted)",
+              registry=r).set_function(lambda: store.usage.bytes)
+        Gauge("vlcache_store_entries", "Entries held by the cache store (as last counted)",
+              registry=r).set_function(lambda: store.usage.entries)
         r.register(_StoreCounters(store))
 
     def observe(self, stats: RequestStats, queue_s: float) -> None:

@@ -39,6 +39,17 @@ class StoreStats:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class StoreUsage:
+    """What a store holds, as last counted (see `Store.usage`)."""
+
+    bytes: int = 0
+    entries: int = 0
+
+    def __add__(self, other: StoreUsage) -> StoreUsage:
+        return StoreUsage(self.bytes + other.bytes, self.entries + other.entries)
+
+
 class Store(ABC):
     """A key -> ImageEntry map with a size budget.
 
@@ -46,7 +57,7 @@ class Store(ABC):
     `kv_dtype`), or None. A corrupt, truncated or mismatched entry is a miss (never an exception,
     never a wrong entry) and is removed. A backend that fails (disk full, Redis down) turns `get`
     into a miss and `put` into a logged no-op. Batched calls default to loops; backends override
-    them when they can do better. Counters live in `stats`.
+    them when they can do better. Counters live in `stats`; bytes and entries held in `usage`.
     """
 
     address: str
@@ -54,6 +65,7 @@ class Store(ABC):
 
     def __init__(self) -> None:
         self.stats = StoreStats()
+        self._usage = StoreUsage()
 
     @abstractmethod
     def get(self, key: str) -> ImageEntry | None: ...
@@ -70,10 +82,23 @@ class Store(ABC):
     @property
     @abstractmethod
     def nbytes(self) -> int:
-        """Bytes currently held."""
+        """Bytes currently held, counted now (may scan the backend; `usage` never does)."""
 
     def __len__(self) -> int:
         return sum(1 for _ in self.keys())
+
+    @property
+    def usage(self) -> StoreUsage:
+        """Bytes and entries held, as last counted: O(1), never waits on the backend, so it is
+        safe on an event loop. Backends update it on their own puts and deletes; `recount`
+        brings in what other processes, expiry and eviction did."""
+        return self._usage
+
+    def recount(self) -> StoreUsage:
+        """Count bytes and entries in the backend itself (slow: a directory listing, a Redis
+        scan), remember them as `usage`, and return them. Call it off the request path."""
+        self._usage = StoreUsage(self.nbytes, len(self))
+        return self._usage
 
     @abstractmethod
     def keys(self) -> Iterable[str]: ...

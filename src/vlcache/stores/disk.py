@@ -23,7 +23,15 @@ import torch
 
 from vlcache.entry import ImageEntry
 from vlcache.stores import codec, kvdtype
-from vlcache.stores.base import Alerts, Store, log, parse_bool, parse_bytes, parse_options
+from vlcache.stores.base import (
+    Alerts,
+    Store,
+    StoreUsage,
+    log,
+    parse_bool,
+    parse_bytes,
+    parse_options,
+)
 
 DEFAULT_MAX_BYTES = 20 * 10**9
 SUFFIX = ".vlc"
@@ -69,7 +77,8 @@ class DiskStore(Store):
         except OSError as e:
             self.stats.errors += 1
             self._alerts("write", "cannot create the directory, puts will be skipped: %s", e)
-        self._approx_bytes = 0
+        self._approx_bytes = 0  # this process's count: its own puts and deletes, and each scan
+        self._approx_entries = 0
         self._last_scan = 0.0
         self._scan(evict=True)
 
@@ -92,7 +101,7 @@ class DiskStore(Store):
         try:
             entry = codec.decode(blob, key, self.model, self.kv_dtype)
         except codec.BadEntry as e:
-            self._reject(path, inode, e)
+            self._reject(path, inode, len(blob), e)
             return None
         self._touch(path)
         self.stats.hits += 1
@@ -105,6 +114,7 @@ class DiskStore(Store):
         if len(blob) > self.max_bytes:  # caching it would only evict everything else
             log.debug("disk store %s: %s (%d bytes) exceeds max_bytes", self.root, key, len(blob))
             return
+        old = _size(path)
         try:
             self._write_atomic(path, blob)
         except OSError as e:
@@ -114,7 +124,8 @@ class DiskStore(Store):
         self.stats.puts += 1
         self.stats.bytes_written += len(blob)
         with self._lock:
-            self._approx_bytes += len(blob)
+            self._approx_bytes += len(blob) - (old or 0)
+            self._approx_entries += old is None
             if (
                 self._approx_bytes > self.max_bytes
                 or time.monotonic() - self._last_scan > RESCAN_S
@@ -125,8 +136,11 @@ class DiskStore(Store):
         return self._path(key).is_file()
 
     def delete(self, key: str) -> bool:
+        path = self._path(key)
+        size = _size(path)
         try:
-            os.unlink(self._path(key))
+            os.unlink(path)
+            self._forget(size or 0)
             return True
         except FileNotFoundError:
             return False
@@ -141,6 +155,17 @@ class DiskStore(Store):
     @property
     def nbytes(self) -> int:
         return sum(f.size for f in self._files())
+
+    @property
+    def usage(self) -> StoreUsage:
+        return StoreUsage(max(self._approx_bytes, 0), max(self._approx_entries, 0))
+
+    def recount(self) -> StoreUsage:
+        files = self._files()  # outside the lock: a large directory takes a while
+        with self._lock:
+            self._approx_bytes = sum(f.size for f in files)
+            self._approx_entries = len(files)
+        return self.usage
 
     # -- files
 
@@ -181,15 +206,21 @@ class DiskStore(Store):
         except OSError:
             pass  # a read-only cache still serves hits; it just cannot record their recency
 
-    def _reject(self, path: Path, inode: int, error: codec.BadEntry) -> None:
+    def _reject(self, path: Path, inode: int, size: int, error: codec.BadEntry) -> None:
         self.stats.corrupt += 1
         self.stats.misses += 1
         self._alerts("corrupt", "rejected %s (%s), removed", path.name, error.reason)
         try:
             if os.stat(path).st_ino == inode:  # not a good entry renamed in since we read it
                 os.unlink(path)
+                self._forget(size)
         except OSError:
             pass
+
+    def _forget(self, size: int) -> None:
+        with self._lock:
+            self._approx_bytes -= size
+            self._approx_entries -= 1
 
     def _files(self) -> list[_File]:
         files = []
@@ -212,7 +243,7 @@ class DiskStore(Store):
     def _scan(self, evict: bool) -> None:
         """Recount the directory (all writers' files) and evict the least recently used."""
         files = self._files()
-        total = sum(f.size for f in files)
+        total, count = sum(f.size for f in files), len(files)
         if evict and total > self.max_bytes:
             target = int(self.max_bytes * LOW_WATER)
             for f in sorted(files):
@@ -220,9 +251,16 @@ class DiskStore(Store):
                     break
                 if _unlink_quietly(f.path):
                     self.stats.evictions += 1
-                total -= f.size
-        self._approx_bytes = total
+                total, count = total - f.size, count - 1
+        self._approx_bytes, self._approx_entries = total, count
         self._last_scan = time.monotonic()
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
 
 
 def _unlink_quietly(path: str) -> bool:

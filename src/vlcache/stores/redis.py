@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -27,6 +28,7 @@ from vlcache.stores import codec, kvdtype
 from vlcache.stores.base import (
     Alerts,
     Store,
+    StoreUsage,
     log,
     parse_bytes,
     parse_duration,
@@ -36,6 +38,7 @@ from vlcache.stores.base import (
 DEFAULT_CHUNK_BYTES = 4 * 2**20
 CHUNK_TTL_MARGIN_S = 60  # chunks outlive their manifest, so an unexpired manifest has its chunks
 GRACE_S = 30  # an overwritten entry's chunks stay this long for readers already under way
+SCAN_BATCH = 1000  # manifests per SCAN step and per MGET when counting
 T = TypeVar("T")
 
 # Delete a manifest only if it is still the one we judged bad (another writer may have replaced
@@ -95,6 +98,7 @@ class RedisStore(Store):
         self._down_until = 0.0
         self._down = False
         self._alerts = Alerts(f"redis store {self.address}")
+        self._usage_lock = threading.Lock()  # puts run on one thread, recounts on another
 
     @property
     def available(self) -> bool:
@@ -123,7 +127,7 @@ class RedisStore(Store):
             raw = r.get(self._manifest_key(key))
             if raw is None:
                 return False
-            return bool(self._delete_if_same(keys=self._entry_keys(key, raw), args=[raw]))
+            return self._delete(key, raw)
 
         return bool(self._call(delete, False))
 
@@ -134,12 +138,15 @@ class RedisStore(Store):
 
     @property
     def nbytes(self) -> int:
-        def total(r: Any) -> int:
-            names = list(r.scan_iter(match=self._manifest_key("*")))
-            manifests = r.mget(names) if names else []
-            return sum(_manifest_size(m) for m in manifests if m is not None)
+        return self._call(lambda r: self._count(r).bytes, 0)
 
-        return self._call(total, 0)
+    def recount(self) -> StoreUsage:
+        """Every manifest under this prefix, whoever wrote it (a SCAN and MGETs in batches)."""
+        counted = self._call(self._count, None)
+        if counted is not None:
+            with self._usage_lock:
+                self._usage = counted
+        return self.usage
 
     def clear(self) -> None:
         """Delete every key under this store's prefix (orphaned chunks included)."""
@@ -158,6 +165,26 @@ class RedisStore(Store):
 
     def close(self) -> None:
         self._client.close()
+
+    # -- usage: this process's own puts and deletes between recounts
+
+    def _count(self, r: Any) -> StoreUsage:
+        total = StoreUsage()
+        batch: list[bytes] = []
+        for name in r.scan_iter(match=self._manifest_key("*"), count=SCAN_BATCH):
+            batch.append(name)
+            if len(batch) >= SCAN_BATCH:
+                total, batch = total + _held(r.mget(batch)), []
+        return total + _held(r.mget(batch)) if batch else total
+
+    def _track(self, put: int | None, replaced: bytes | None) -> None:
+        """Account a put of `put` bytes (None: a delete) that replaced the manifest `replaced`."""
+        new = StoreUsage() if put is None else StoreUsage(put, 1)
+        gone = StoreUsage() if replaced is None else StoreUsage(_manifest_size(replaced), 1)
+        with self._usage_lock:
+            u = self._usage
+            self._usage = StoreUsage(max(u.bytes + new.bytes - gone.bytes, 0),
+                                     max(u.entries + new.entries - gone.entries, 0))
 
     # -- one entry
 
@@ -210,11 +237,13 @@ class RedisStore(Store):
             pipe.set(name, view[start : start + self.chunk_bytes].tobytes(), ex=chunk_ttl)
         pipe.execute()
         manifest = json.dumps({"nonce": nonce, "chunks": len(starts), "size": len(blob)})
-        self._publish(r, key, manifest)
+        old = self._publish(r, key, manifest)
+        self._track(len(blob), old)
         return True
 
-    def _publish(self, r: Any, key: str, manifest: str) -> None:
-        """Point the entry at the new chunks (the commit point), then retire the old chunks."""
+    def _publish(self, r: Any, key: str, manifest: str) -> bytes | None:
+        """Point the entry at the new chunks (the commit point), then retire the old chunks;
+        the manifest replaced, if any."""
         old = r.set(self._manifest_key(key), manifest, ex=self.ttl, get=True)
         if old is not None:
             stale = self._entry_keys(key, old)[1:]
@@ -223,13 +252,21 @@ class RedisStore(Store):
                 for name in stale:
                     pipe.expire(name, GRACE_S)
                 pipe.execute()
+        return old
+
+    def _delete(self, key: str, raw: bytes) -> bool:
+        """Delete the entry if `raw` is still its manifest."""
+        done = bool(self._delete_if_same(keys=self._entry_keys(key, raw), args=[raw]))
+        if done:
+            self._track(None, raw)
+        return done
 
     def _reject(self, r: Any, key: str, raw: bytes, reason: str) -> None:
         if r.get(self._manifest_key(key)) != raw:
             return None  # replaced while we read: a race with a writer, not a bad entry
         self.stats.corrupt += 1
         self._alerts("corrupt", "rejected %s (%s), removed", key, reason)
-        self._delete_if_same(keys=self._entry_keys(key, raw), args=[raw])
+        self._delete(key, raw)
         return None
 
     # -- availability
@@ -257,6 +294,11 @@ class RedisStore(Store):
             self._down = False
             log.warning("redis store %s: reachable again", self.address)
         return result
+
+
+def _held(manifests: list[bytes | None]) -> StoreUsage:
+    found = [m for m in manifests if m is not None]  # None: expired since the SCAN saw it
+    return StoreUsage(sum(_manifest_size(m) for m in found), len(found))
 
 
 def _manifest_size(raw: bytes) -> int:

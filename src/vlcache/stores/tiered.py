@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from vlcache.entry import ImageEntry
-from vlcache.stores.base import Store, StoreStats
+from vlcache.stores.base import Store, StoreStats, StoreUsage
 
 
 class TieredStore(Store):
@@ -82,6 +82,14 @@ class TieredStore(Store):
     @property
     def nbytes(self) -> int:
         return sum(tier.nbytes for tier in self.tiers)
+
+    @property
+    def usage(self) -> StoreUsage:
+        """Summed over the tiers (an entry in two tiers counts twice: it is held twice)."""
+        return sum((tier.usage for tier in self.tiers), StoreUsage())
+
+    def recount(self) -> StoreUsage:
+        return sum((tier.recount() for tier in self.tiers), StoreUsage())
 
     def clear(self) -> None:
         for tier in self.tiers:
