@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from vlcache.stores import open_store
-from vlcache.stores.base import parse_bytes, parse_duration, split_tiers
+from vlcache.stores.address import parse_bytes, parse_duration, split_tiers
 from vlcache.stores.disk import DiskStore
 from vlcache.stores.memory import MemoryStore
 from vlcache.stores.tiered import TieredStore

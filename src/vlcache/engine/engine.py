@@ -25,7 +25,8 @@ from vlcache.reuse.prefix import context_digest
 from vlcache.reuse.ranking import RankedSchedule
 from vlcache.reuse.registry import parse_policy
 from vlcache.reuse.relevance import question_rows
-from vlcache.stores.base import Store, open_store
+from vlcache.stores.address import open_store
+from vlcache.stores.base import Store
 
 log = logging.getLogger("vlcache.engine")
 

@@ -23,15 +23,8 @@ import torch
 
 from vlcache.entry import ImageEntry
 from vlcache.stores import codec, kvdtype
-from vlcache.stores.base import (
-    Alerts,
-    Store,
-    StoreUsage,
-    log,
-    parse_bool,
-    parse_bytes,
-    parse_options,
-)
+from vlcache.stores.address import parse_bool, parse_bytes, parse_options
+from vlcache.stores.base import Alerts, Store, StoreUsage, log
 
 DEFAULT_MAX_BYTES = 20 * 10**9
 SUFFIX = ".vlc"

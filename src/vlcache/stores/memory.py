@@ -11,7 +11,8 @@ import torch
 
 from vlcache.entry import ImageEntry
 from vlcache.stores import kvdtype
-from vlcache.stores.base import Store, StoreUsage, log, parse_bytes, parse_options
+from vlcache.stores.address import parse_bytes, parse_options
+from vlcache.stores.base import Store, StoreUsage, log
 
 DEFAULT_MAX_BYTES = 2 * 10**9
 

@@ -25,15 +25,8 @@ import torch
 
 from vlcache.entry import ImageEntry
 from vlcache.stores import codec, kvdtype
-from vlcache.stores.base import (
-    Alerts,
-    Store,
-    StoreUsage,
-    log,
-    parse_bytes,
-    parse_duration,
-    parse_options,
-)
+from vlcache.stores.address import parse_bytes, parse_duration, parse_options
+from vlcache.stores.base import Alerts, Store, StoreUsage, log
 
 DEFAULT_CHUNK_BYTES = 4 * 2**20
 CHUNK_TTL_MARGIN_S = 60  # chunks outlive their manifest, so an unexpired manifest has its chunks
