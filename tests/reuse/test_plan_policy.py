@@ -11,8 +11,8 @@ from vlcache.reuse.policy import (
     LayerProbe,
     RatioPolicy,
     UniformPolicy,
-    parse_policy,
 )
+from vlcache.reuse.registry import parse_policy
 
 
 def test_plan_json_round_trip(tmp_path):
