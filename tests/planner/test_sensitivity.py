@@ -11,7 +11,7 @@ from tests.conftest import ARCHS, random_image
 from vlcache.engine import Engine
 from vlcache.entry import ImageEntry
 from vlcache.planner.profile import probe_inputs
-from vlcache.planner.sensitivity import sensitivity
+from vlcache.reuse.sensitivity import sensitivity
 from vlcache.workloads.cases import Example, make_case
 
 RATIOS = [0.0, 0.25, 0.5, 1.0]

@@ -73,14 +73,14 @@ def _set_full_attention(model: torch.nn.Module, every: int, depth: int) -> None:
 
 
 def random_engine(name: str, layers: int | None = None, seed: int = 0,
-                  dtype: torch.dtype = torch.float32, store: str = "memory://"
-                  ) -> tuple[Engine, ModelInfo]:
+                  dtype: torch.dtype = torch.float32, store: str = "memory://",
+                  device: str = "cpu") -> tuple[Engine, ModelInfo]:
     """An engine over a random-weight model of the size `name` (see BENCH_SIZES)."""
     if name not in BENCH_SIZES:
         raise ValueError(f"unknown size {name!r}; known: {', '.join(sorted(BENCH_SIZES))}")
     published = BENCH_SIZES[name]
     spec = reduced_spec(published, layers)
-    model, tokenizer, processor = build_model(spec, seed=seed, dtype=dtype)
+    model, tokenizer, processor = build_model(spec, seed=seed, dtype=dtype, device=device)
     if name in FULL_ATTENTION_EVERY:
         _set_full_attention(model, FULL_ATTENTION_EVERY[name], spec.vision_depth)
     adapter = QwenVLAdapter(model, ModelFingerprint(spec.arch, f"random-{name}-{seed}"))
@@ -91,13 +91,14 @@ def random_engine(name: str, layers: int | None = None, seed: int = 0,
 
 
 def checkpoint_engine(path: str | Path, dtype: torch.dtype = torch.float32,
-                      store: str = "memory://") -> tuple[Engine, ModelInfo]:
+                      store: str = "memory://", device: str = "cpu"
+                      ) -> tuple[Engine, ModelInfo]:
     """An engine over a local checkpoint directory."""
-    engine = Engine.from_pretrained(path, store=store, dtype=dtype)
-    a = engine.adapter
-    vision = a.model.config.vision_config
+    engine = Engine.from_pretrained(path, store=store, dtype=dtype, device=device)
+    a = engine.shape
+    vision = engine.model.config.vision_config
     depth = int(getattr(vision, "depth", 0))
-    info = ModelInfo(Path(path).name, str(path), a.architecture, a.num_layers, a.num_layers,
-                     depth, depth, a.hidden_size, a.num_heads, a.kv_heads, a.head_dim,
+    info = ModelInfo(Path(path).name, str(path), a.architecture, a.layers, a.layers,
+                     depth, depth, a.hidden, a.heads, a.kv_heads, a.head_dim,
                      str(dtype).split(".")[-1])
     return engine, info

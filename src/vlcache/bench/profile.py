@@ -18,10 +18,10 @@ def profile_case(engine: Engine, tokens: int, policy: Policy, path: Path, seed: 
 
     allow_tokens(engine.image_processor, tokens)
     cache, hit = requests(synth_image(tokens, token_unit(engine.image_processor), seed + tokens))
-    if not all(engine.store.contains(im.key) for im in engine.builder.build(cache).images):
+    if not all(engine.holds(im.key) for im in engine.prepare(cache).images):
         engine.generate(cache, policy="full", max_tokens=1)
     t = time.perf_counter()
-    engine.builder.build(hit)
+    engine.prepare(hit)
     build_s = time.perf_counter() - t
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         stats = engine.generate(hit, policy=policy, max_tokens=1).stats

@@ -31,19 +31,20 @@ class _Stopwatch:
 def transformers_case(engine: Engine, messages: list[dict]) -> Callable[[], Measurement]:
     """Time `model.generate(..., max_new_tokens=1)` including the same preprocessing as the
     engine (chat template, image processor; the engine's key hashing too, a few ms)."""
-    model = engine.adapter.model
+    model = engine.model
     watch = _Stopwatch(model.model.visual)
 
     def run() -> Measurement:
         start = time.perf_counter()
         watch.total = 0.0
-        prompt = engine.builder.build(messages)
+        prompt = engine.prepare(messages)
         ids = prompt.input_ids[None]  # [1, S]
         inputs = {"input_ids": ids,
-                  "mm_token_type_ids": (ids == engine.adapter.image_token_id).int()}
+                  "mm_token_type_ids": (ids == engine.image_token_id).int()}
         if prompt.images:
             inputs["pixel_values"] = torch.cat([im.pixel_values for im in prompt.images])
             inputs["image_grid_thw"] = prompt.grid_thw
+        inputs = {k: v.to(model.device) for k, v in inputs.items()}
         model.model.rope_deltas = None  # transformers keeps it between calls
         with torch.inference_mode():
             model.generate(**inputs, max_new_tokens=1, do_sample=False, eos_token_id=None,

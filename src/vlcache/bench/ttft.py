@@ -59,11 +59,11 @@ def measure_size(engine: Engine, tokens: int, policies: dict[str, Policy], repea
     """Warm up by caching a fresh image of `tokens` tokens, then run the interleaved rounds."""
     allow_tokens(engine.image_processor, tokens)
     cache, hit = requests(synth_image(tokens, token_unit(engine.image_processor), seed + tokens))
-    held = engine.store.nbytes
+    held = engine.store.usage.bytes
     warm = engine.generate(cache, policy="full", max_tokens=1).stats
     if warm.image_tokens != tokens:
         raise RuntimeError(f"the image became {warm.image_tokens} tokens, not {tokens}")
-    entry_bytes = engine.store.nbytes - held
+    entry_bytes = engine.store.usage.bytes - held
     cases = {name: engine_case(engine, hit, policy) for name, policy in policies.items()}
     if reference:
         cases[TRANSFORMERS] = transformers_case(engine, hit)

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from vlcache.commands.device import add_device_arguments
+
 DEFAULT_POLICIES = "full,encoder,prefix,naive,static:0.05,static:1.0,cacheblend,ramp:0.05"
 
 
@@ -35,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--no-prefix-same", action="store_true",
                    help="skip prefix reuse of the identical prompt")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    t.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    add_device_arguments(t)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--profile", default=None, metavar="CASES",
                    help="after the rounds, profile one run of each case (comma list) at the "
@@ -100,7 +102,7 @@ def _ttft(args: argparse.Namespace) -> int:
 
     from vlcache.bench import models, report
     from vlcache.bench.ttft import measure_size
-    from vlcache.commands.generate import DTYPES
+    from vlcache.commands.device import device_and_dtype
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -111,11 +113,13 @@ def _ttft(args: argparse.Namespace) -> int:
     tokens = [int(x) for x in args.tokens.split(",") if x.strip()]
     command = _command(args)
     where = machine()
+    device, dtype = device_and_dtype(args)
     if args.arch:
-        engine, info = models.random_engine(args.arch, args.layers, args.seed, DTYPES[args.dtype])
+        engine, info = models.random_engine(args.arch, args.layers, args.seed, dtype,
+                                            device=device)
     else:
-        engine, info = models.checkpoint_engine(args.model, DTYPES[args.dtype])
-    policies = _policies(args.policies, engine.adapter.num_layers)
+        engine, info = models.checkpoint_engine(args.model, dtype, device=device)
+    policies = _policies(args.policies, engine.num_layers)
     out = Path(args.out or f"docs/bench/ttft-{info.name}")
     out.parent.mkdir(parents=True, exist_ok=True)
     caption = (f"Command: `{command}`. Model: {info.describe()}. Machine: {where}; "
@@ -138,7 +142,7 @@ def _ttft(args: argparse.Namespace) -> int:
         from vlcache.bench.profile import profile_case
 
         path = Path(f"{out}-profile-{re.sub(r'[^A-Za-z0-9._-]+', '_', case)}.txt")
-        policy = policies.get(case) or _policies(f"full,{case}", engine.adapter.num_layers)[case]
+        policy = policies.get(case) or _policies(f"full,{case}", engine.num_layers)[case]
         profile_case(engine, max(tokens), policy, path, args.seed, header=caption)
         print(f"wrote {path}")
     return 0
@@ -174,7 +178,9 @@ def _command(args: argparse.Namespace) -> str:
     words += ["--tokens", args.tokens, "--policies", args.policies, "--repeat", str(args.repeat)]
     if args.threads:
         words += ["--threads", str(args.threads)]
-    words += ["--dtype", args.dtype, "--seed", str(args.seed)]
+    words += ["--device", args.device] if args.device else []
+    words += ["--dtype", args.dtype] if args.dtype else []
+    words += ["--seed", str(args.seed)]
     words += ["--no-reference"] * args.no_reference + ["--no-prefix-same"] * args.no_prefix_same
     if args.profile:
         words += ["--profile", args.profile]

@@ -49,7 +49,7 @@ def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, p
             continue
         for b in budgets:
             try:
-                policy = policy_at(token, b, engine.adapter.num_layers, mean_tokens, prof,
+                policy = policy_at(token, b, engine.num_layers, mean_tokens, prof,
                                    depth_prof)
             except ValueError as e:
                 policy = None
@@ -65,7 +65,7 @@ def mean_segment_tokens(engine, cases) -> float:
     """The mean token count of the reusable segments (images, documents) of `cases`: what
     a fixed-count policy (epic:K) is sized by, per half, so that K spends the target share of
     that half's segment tokens (a fixed K spends K / mean N of them)."""
-    counts = [seg.num_tokens for c in cases for seg in engine.builder.build(c.messages).segments]
+    counts = [seg.num_tokens for c in cases for seg in engine.prepare(c.messages).segments]
     if not counts:
         raise ValueError("no reusable segments (images or documents) in the examples")
     return sum(counts) / len(counts)
@@ -104,7 +104,7 @@ def _depth_profile(args: argparse.Namespace, engine, first, examples, tokens, bu
     prof = profile_depths(engine, first[:args.profile_limit], args.grid, max(budgets), described)
     out.mkdir(parents=True, exist_ok=True)
     budget = 0.05 if 0.05 in budgets else budgets[0]
-    depth_plan(prof, budget, engine.adapter.num_layers).save(out / "plan-depth.json")
+    depth_plan(prof, budget, engine.num_layers).save(out / "plan-depth.json")
     return prof
 
 

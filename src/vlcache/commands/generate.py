@@ -6,9 +6,7 @@ import argparse
 import json
 import sys
 
-import torch
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from vlcache.commands.device import add_device_arguments, device_and_dtype
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    add_device_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object per answer")
 
 
@@ -48,9 +46,10 @@ def run(args: argparse.Namespace) -> int:
     from vlcache.models.loading import ModelLoadError
 
     try:
+        device, dtype = device_and_dtype(args)
         engine = Engine.from_pretrained(args.model, store=args.store,
                                         policy=args.policy or DEFAULT_POLICY,
-                                        dtype=DTYPES[args.dtype])
+                                        dtype=dtype, device=device)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache generate: {e}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from vlcache.commands.generate import DTYPES
+from vlcache.commands.device import add_device_arguments, device_and_dtype
 
 
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
                    help="scale larger images down to about this many tokens (default 256)")
     p.add_argument("--mme-root", default=None, help="MME directory (default ../shared/eval/mme)")
     p.add_argument("--grid", type=float, default=0.05, help="ratio grid step Δ (default 0.05)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    add_device_arguments(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
@@ -42,7 +42,8 @@ def load_halves(args: argparse.Namespace):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine = Engine.from_pretrained(args.model, dtype=DTYPES[args.dtype])
+    device, dtype = device_and_dtype(args)
+    engine = Engine.from_pretrained(args.model, dtype=dtype, device=device)
     examples = load_examples(args.data, args.limit, args.mme_root, args.max_image_tokens)
     documents = args.data.split(":")[0] == "reading"
     build = reading.build_cases if documents else build_cases
@@ -102,7 +103,7 @@ def _depth(args: argparse.Namespace, engine, cases, described: dict) -> int:
     from vlcache.planner.depth import depth_plan, profile_depths
 
     prof = profile_depths(engine, cases, args.grid, args.budget, described)
-    plan = depth_plan(prof, args.budget, engine.adapter.num_layers)
+    plan = depth_plan(prof, args.budget, engine.num_layers)
     plan.save(Path(args.out))
     print(f"wrote {args.out}: budget {plan.budget:.4f} (target {args.budget:g}), predicted "
           f"gain {plan.meta['predicted_gain']:.4g} over naive error {prof.naive:.4g} (depth)")

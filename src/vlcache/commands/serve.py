@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+from vlcache.commands.device import add_device_arguments
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from vlcache.engine.request import Limits
@@ -21,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=None, help="store address (default memory://)")
     p.add_argument("--policy", "--plan", dest="policy", default=None,
                    help="full | encoder | naive | static:R | plan:FILE.json")
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    add_device_arguments(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import torch
 
-    from vlcache.commands.generate import DTYPES
+    from vlcache.commands.device import device_and_dtype
     from vlcache.engine import Engine, Limits
     from vlcache.engine.engine import DEFAULT_POLICY
     from vlcache.models.loading import ModelLoadError
@@ -105,9 +107,10 @@ def run(args: argparse.Namespace) -> int:
                         max_total_image_tokens=args.max_total_image_tokens,
                         max_prompt_tokens=args.max_prompt_tokens,
                         max_prompt_chars=args.max_prompt_chars)
+        device, dtype = device_and_dtype(args)
         engine = Engine.from_pretrained(args.model, store=args.store,
                                         policy=args.policy or DEFAULT_POLICY,
-                                        dtype=DTYPES[args.dtype], limits=limits)
+                                        dtype=dtype, device=device, limits=limits)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache serve: {e}", file=sys.stderr)
         return 2

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import torch
 from tqdm import tqdm
 
 from vlcache.engine import Engine
 from vlcache.engine.engine import PrefillRun
 from vlcache.eval import metrics
-from vlcache.reuse.decode import decode_step
 from vlcache.reuse.policy import Policy
 from vlcache.reuse.registry import parse_policy
 from vlcache.workloads.cases import Case, prime
@@ -52,28 +50,8 @@ class Row:
 
 def greedy(engine: Engine, run: PrefillRun, max_tokens: int = MAX_TOKENS,
            reference: list[int] | None = None, after_divergence: int = 4) -> list[int]:
-    """Greedy continuation of a prefilled request (stops at an end-of-turn token).
-
-    With a `reference`, decoding also stops `after_divergence` tokens after the first token
-    that differs from it: the exact match is decided, and the first word (for accuracy) is out.
-    """
-    tokens: list[int] = []
-    token = int(run.output.logits.argmax())
-    position = int(run.positions.max()) + 1
-    diverged: int | None = None
-    with torch.inference_mode():
-        while token not in engine.stop_ids and len(tokens) < max_tokens:
-            tokens.append(token)
-            if diverged is None and reference is not None and (
-                    len(tokens) > len(reference) or reference[len(tokens) - 1] != token):
-                diverged = len(tokens)
-            if len(tokens) == max_tokens or (diverged is not None
-                                             and len(tokens) >= diverged + after_divergence):
-                break
-            logits = decode_step(engine.adapter, run.output.cache, token, position)
-            position += 1
-            token = int(logits.argmax())
-    return tokens
+    """Greedy continuation of a prefilled request (Engine.decode_greedy)."""
+    return engine.decode_greedy(run, max_tokens, reference, after_divergence)
 
 
 def segment_tokens(run: PrefillRun) -> int:
@@ -97,7 +75,7 @@ def evaluate_case(engine: Engine, case: Case, arms: list[Arm], split: str,
         tokens = greedy(engine, run, reference=ref_tokens)
         if ref is None:
             ref, ref_tokens = run.output.logits, tokens
-        text = engine.tokenizer.decode(tokens, skip_special_tokens=True)
+        text = engine.decode_text(tokens)
         rows.append(Row(
             split=split, case=index, kind=case.kind, source=case.source, family=arm.family,
             budget=arm.budget, policy=arm.policy.name, segment_tokens=segment_tokens(run),

@@ -51,9 +51,38 @@ def load_image_processor(path: Path):
         return AutoProcessor.from_pretrained(path).image_processor
 
 
+def default_device() -> str:
+    """cuda when a GPU is visible, else cpu."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """bfloat16 on CUDA (what its kernels are fast at), float32 on the CPU."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def check_device(device: str) -> str:
+    """A device string torch understands and this machine has, or a ModelLoadError."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ModelLoadError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {device!r} asked for, but torch sees no CUDA GPU "
+                                 f"(torch {torch.__version__}); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {device!r}: only {torch.cuda.device_count()} "
+                                 "GPU(s) visible")
+    elif dev.type != "cpu":
+        raise ModelLoadError(f"device {device!r} is not supported: use cpu, cuda or cuda:N")
+    return str(dev)
+
+
 def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
                     device: str = "cpu") -> tuple[DecoderAdapter, object, object | None]:
     """-> (adapter, tokenizer, image_processor or None) for a local directory or .gguf file."""
+    device = check_device(device)
     path = Path(path).expanduser()
     if not path.exists():
         raise ModelLoadError(f"model path {path} does not exist")

@@ -57,6 +57,8 @@ SIZES = {
     "qwen2_vl-2b": SyntheticSpec("qwen2_vl", 1536, 28, 12, 2, 8960, 1280, 32, 16, 5120),
     "qwen3_vl-4b": SyntheticSpec("qwen3_vl", 2560, 36, 32, 8, 9728, 1024, 24, 16, 4096,
                                  head_dim=128),
+    "qwen3_vl-8b": SyntheticSpec("qwen3_vl", 4096, 36, 32, 8, 12288, 1152, 27, 16, 4304,
+                                 head_dim=128),
     "qwen2-0.5b": SyntheticSpec("qwen2", 896, 24, 14, 2, 4864, 0, 0, 0, 0),
     **{f"tiny-{k}": v for k, v in (TINY | TINY_TEXT).items()},
 }
@@ -141,19 +143,21 @@ def build_image_processor(arch: str, max_pixels: int = 1024 * 28 * 28):
                                     min_pixels=(2 * patch) ** 2, max_pixels=max_pixels)
 
 
-def build_model(spec: SyntheticSpec, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """A random-initialised model of `spec`, its tokenizer and its image processor (None for
-    the text-only architectures qwen2, qwen3, llama)."""
+def build_model(spec: SyntheticSpec, seed: int = 0, dtype: torch.dtype = torch.float32,
+                device: str = "cpu"):
+    """A random-initialised model of `spec` (its weights made on `device`), its tokenizer and its
+    image processor (None for the text-only architectures qwen2, qwen3, llama)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     tokenizer = build_tokenizer()
     vocab = max(len(tokenizer), 320)
     torch.manual_seed(seed)
-    if spec.arch in TEXT_ARCHS:
-        config = _text_config(spec.arch, spec, tokenizer, vocab)
-        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval(), tokenizer, None
-    config = _config(spec, tokenizer, vocab_size=vocab)
-    model = AutoModelForImageTextToText.from_config(config, dtype=dtype).eval()
+    with torch.device(device):
+        if spec.arch in TEXT_ARCHS:
+            config = _text_config(spec.arch, spec, tokenizer, vocab)
+            return AutoModelForCausalLM.from_config(config, dtype=dtype).eval(), tokenizer, None
+        config = _config(spec, tokenizer, vocab_size=vocab)
+        model = AutoModelForImageTextToText.from_config(config, dtype=dtype).eval()
     return model, tokenizer, build_image_processor(spec.arch)
 
 

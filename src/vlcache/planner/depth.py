@@ -3,7 +3,7 @@
 A monotone plan on a grid of step Δ = 1/G is the same thing as a depth per token group: group k
 (an image's tokens from ceil(k·N/G) to ceil((k+1)·N/G), the order `Plan.tokens_at` uses) is
 computed at layers 0..d_k and reused above, with d_0 >= d_1 >= ... (d = -1: never computed);
-then r_l = #{k : d_k >= l} / G. The layer sensitivity S_l(r) (planner/sensitivity.py) scores
+then r_l = #{k : d_k >= l} / G. The layer sensitivity S_l(r) (reuse/sensitivity.py) scores
 exact KV at one layer, which no plan produces: a token's KV at layer l is only as good as its
 recomputed input, and that input carries the deviation of every layer below (docs/quality.md,
 "Plans that start at a middle layer"). This profile instead runs the engine's own selective
@@ -101,7 +101,7 @@ def depth_errors(engine: Engine, case: Case, levels: int, units: int) -> tuple[n
     kw = {"store_entries": False, "max_new_tokens": 1}
     target = engine.prefill(case.messages, policy="full", **kw).output.logits
     naive = _error(engine.prefill(case.messages, policy="naive", **kw).output.logits, target)
-    num_layers = engine.adapter.num_layers
+    num_layers = engine.num_layers
     errors = np.full((levels, num_layers), NOT_MEASURED)
     for k in range(levels):
         for d in range(num_layers):
@@ -115,8 +115,8 @@ def profile_depths(engine: Engine, cases: list[Case], step: float, max_budget: f
                    dataset: dict | None = None, progress: bool = True) -> DepthProfile:
     """Mean E[k, d] over `cases` for every pair some plan within `max_budget` can use."""
     levels = grid_levels(step)
-    units = budget_units(max_budget, levels, engine.adapter.num_layers)
-    total = np.zeros((levels, engine.adapter.num_layers))
+    units = budget_units(max_budget, levels, engine.num_layers)
+    total = np.zeros((levels, engine.num_layers))
     naive = 0.0
     for case in tqdm(cases, desc="profiling depths", unit="prompt", disable=not progress):
         errors, e0 = depth_errors(engine, case, levels, units)
@@ -124,7 +124,7 @@ def profile_depths(engine: Engine, cases: list[Case], step: float, max_budget: f
         naive += e0
     n = max(len(cases), 1)
     return DepthProfile(levels, total / n, naive / n, max_budget, len(cases),
-                        str(engine.adapter.fingerprint), dataset or {})
+                        str(engine.fingerprint), dataset or {})
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The profiler: S_l(r) (planner/sensitivity.py) averaged over a proxy data set, and the plan
+"""The profiler: S_l(r) (reuse/sensitivity.py) averaged over a proxy data set, and the plan
 it implies (planner/allocate.py)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tqdm import tqdm
 from vlcache.engine import Engine
 from vlcache.plan import Plan
 from vlcache.planner.allocate import Allocation, allocate_dp, allocate_greedy, grid_levels
-from vlcache.planner.sensitivity import ProbeInputs, sensitivity
+from vlcache.reuse.sensitivity import ProbeInputs
 from vlcache.workloads.cases import Case, prime
 
 UNITS = "||z - z_full||^2 over the vocabulary (first answer token), mean over prompts"
@@ -49,10 +49,11 @@ def probe_inputs(engine: Engine, case: Case, rule: str = "first") -> ProbeInputs
     run = engine.prefill(case.messages, policy="full", capture=True, store_entries=False)
     stale, exact, spans = [], [], []
     for i, im in enumerate(run.prompt.segments):  # images and documents
-        entry = engine.store.get(im.key)
+        entry = engine.cached_entry(im.key)
         if entry is None or not entry.has_kv:
             raise RuntimeError(f"the cache of segment {i} was not stored (store too small?)")
-        stale.append((entry.keys.to(engine.adapter.dtype), entry.values.to(engine.adapter.dtype)))
+        stale.append((entry.keys.to(engine.device, engine.dtype),
+                      entry.values.to(engine.device, engine.dtype)))
         exact.append(run.output.captured[i])
         spans.append((im.start, im.num_tokens))
     return ProbeInputs(run.prompt.input_ids, run.positions, spans, stale, exact,
@@ -65,11 +66,11 @@ def profile(engine: Engine, cases: list[Case], step: float, dataset: dict | None
     the recomputed tokens chosen by `rule`."""
     levels = grid_levels(step)
     ratios = [g / levels for g in range(levels + 1)]
-    total = torch.zeros(engine.adapter.num_layers, len(ratios), dtype=torch.float64)
+    total = torch.zeros(engine.num_layers, len(ratios), dtype=torch.float64)
     for case in tqdm(cases, desc="profiling", unit="prompt", disable=not progress):
-        total += sensitivity(engine.adapter, probe_inputs(engine, case, rule), ratios)
+        total += engine.sensitivity(probe_inputs(engine, case, rule), ratios).cpu()
     return Profile(ratios, (total / max(len(cases), 1)).numpy(), len(cases),
-                   str(engine.adapter.fingerprint), dataset or {}, rule)
+                   str(engine.fingerprint), dataset or {}, rule)
 
 
 def allocate(prof: Profile, budget: float, method: str = "dp") -> Allocation:

@@ -126,6 +126,5 @@ def prime(engine: Engine, case: Case) -> None:
     """Cache each segment (image or document) of `case` in its own other context (replacing any
     earlier entry)."""
     for messages in case.cache_messages:
-        for segment in engine.builder.build(messages).segments:
-            engine.store.delete(segment.key)
+        engine.forget(messages)
         engine.prefill(messages, policy="full")
