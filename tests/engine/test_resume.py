@@ -26,7 +26,8 @@ def checkpoint(request, tiny_checkpoints):
 
 
 def test_resuming_from_the_entrys_exact_hidden_state_equals_full_forward(checkpoint):
-    engine = Engine.from_pretrained(checkpoint, capture_hidden_at=START)
+    # exact_hits=False: the plan applies although the prefix is the one the entry was made in
+    engine = Engine.from_pretrained(checkpoint, capture_hidden_at=START, exact_hits=False)
     messages = [user("Look:", random_image(5), "What is it?")]
     miss = engine.prefill(messages)  # cached in this very context: its KV and hidden are exact
     entry = engine.store.get(miss.prompt.segments[0].key)
@@ -48,7 +49,7 @@ def test_resuming_from_the_entrys_exact_hidden_state_equals_full_forward(checkpo
 
 
 def test_an_entry_without_that_hidden_state_falls_back_to_computing_from_layer_0(checkpoint):
-    engine = Engine.from_pretrained(checkpoint)  # captures no hidden states
+    engine = Engine.from_pretrained(checkpoint, exact_hits=False)  # captures no hidden states
     messages = [user("Look:", random_image(6), "What is it?")]
     miss = engine.prefill(messages)
     assert engine.store.get(miss.prompt.segments[0].key).hidden is None

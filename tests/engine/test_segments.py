@@ -78,7 +78,8 @@ def test_vl_model_mixes_an_image_and_a_document(tiny_checkpoints):
     img = random_image(30)
     engine.prefill([user(img, "Describe this image.")])
     engine.prefill([user(document(DOC_A), "Summarize this document:")])
-    messages = [user(document(DOC_A), "and the picture", img, "Which fits better?")]
+    messages = [{"role": "system", "content": "Compare."},  # not the prefix DOC_A was cached in
+                user(document(DOC_A), "and the picture", img, "Which fits better?")]
     logits, run = _all_logits(engine, messages)
     assert run.stats.images_kv_reused == 1 and run.stats.documents_reused == 1
     torch.testing.assert_close(logits, hf_logits(engine, run.prompt), atol=1e-4, rtol=0)

@@ -44,7 +44,8 @@ def engine_case(engine: Engine, messages: list[dict], policy: Policy
                 ) -> Callable[[], Measurement]:
     def run() -> Measurement:
         start = time.perf_counter()
-        st = engine.generate(messages, policy=policy, max_tokens=1).stats
+        # nothing stored: every round times the same situation (no blocks of the last round)
+        st = engine.generate(messages, policy=policy, max_tokens=1, store_entries=False).stats
         return Measurement(ttft_s=time.perf_counter() - start, vision_s=st.vision_s,
                            load_s=st.load_s, prefill_s=st.prefill_s,
                            computed_per_layer=list(st.computed_per_layer),

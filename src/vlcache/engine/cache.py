@@ -46,6 +46,11 @@ class SegmentCache:
         self._put_dtype = adapter.dtype if store.kv_dtype else self.kv_dtype
         self.capture_hidden_at = capture_hidden_at
 
+    @property
+    def put_dtype(self) -> torch.dtype:
+        """The dtype entries are handed to the store in (it converts further where it can)."""
+        return self._put_dtype
+
     # --- what the server and users read ------------------------------------------------------
 
     @property

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from vlcache.engine.blocks import BlockCache, PrefixHit, after
 from vlcache.engine.cache import SegmentCache
 from vlcache.engine.generation import (
     TextStream,
@@ -21,7 +22,13 @@ from vlcache.engine.generation import (
 )
 from vlcache.engine.request import Limits, Messages, PreparedSegment, Prompt, PromptBuilder
 from vlcache.engine.sampling import SamplingParams, sample
-from vlcache.engine.segments import account, embed_prompt, encode_images, segment_inputs
+from vlcache.engine.segments import (
+    account,
+    embed_prompt,
+    encode_images,
+    segment_inputs,
+    stored_contexts,
+)
 from vlcache.engine.stats import RequestStats
 from vlcache.entry import ImageEntry
 from vlcache.keys import ModelFingerprint
@@ -90,7 +97,7 @@ class Engine:
     def __init__(self, adapter: DecoderAdapter, tokenizer, image_processor,
                  store: Store | str | None = None, policy: Policy | Plan | str = DEFAULT_POLICY,
                  kv_dtype: torch.dtype | None = None, limits: Limits | None = None,
-                 capture_hidden_at: int | None = None) -> None:
+                 capture_hidden_at: int | None = None, exact_hits: bool = True) -> None:
         self.adapter = adapter
         self.tokenizer = tokenizer
         self.image_processor = image_processor
@@ -106,6 +113,13 @@ class Engine:
         self.builder = PromptBuilder(tokenizer, image_processor, adapter.fingerprint,
                                      self.cache.kv_dtype, adapter.image_token_id,
                                      getattr(adapter, "tokens_for_grid", None), self.limits)
+        # Behind an identical prefix a cached segment is exact and nothing is recomputed,
+        # whatever the policy; False (analysis only) lets the policy's schedule apply there too,
+        # and turns the block prefix cache off.
+        self.exact_hits = exact_hits
+        a = adapter
+        self.blocks = BlockCache(self.cache, str(a.fingerprint), a.num_layers, a.kv_heads,
+                                 a.head_dim, a.device, a.dtype) if exact_hits else None
         self.stop_ids = stop_token_ids(tokenizer, adapter.model)
         self.turn_ids = turn_token_ids(tokenizer)
 
@@ -181,16 +195,18 @@ class Engine:
     # --- public API ---------------------------------------------------------------------------
 
     def generate(self, messages: Messages, policy: Policy | Plan | str | None = None,
-                 **sampling: Any) -> GenerationResult:
+                 store_entries: bool = True, **sampling: Any) -> GenerationResult:
         """Answer a chat request (or complete a raw prompt string); `sampling` takes
-        SamplingParams fields (max_tokens, ...)."""
-        for delta in self.stream(messages, policy=policy, **sampling):
+        SamplingParams fields (max_tokens, ...). `store_entries=False` leaves the store as it
+        was (benchmarks repeating one prompt)."""
+        for delta in self.stream(messages, policy=policy, store_entries=store_entries,
+                                 **sampling):
             if delta.result is not None:
                 return delta.result
         raise RuntimeError("generation ended without a result")
 
     def stream(self, messages: Messages, policy: Policy | Plan | str | None = None,
-               should_stop: Callable[[], bool] | None = None,
+               should_stop: Callable[[], bool] | None = None, store_entries: bool = True,
                **sampling: Any) -> Iterator[StreamDelta]:
         """Like generate, yielding text as it is produced; the last delta carries the result.
 
@@ -201,7 +217,8 @@ class Engine:
             sampling["stop"] = (sampling["stop"],)
         params = SamplingParams(**{k: tuple(v) if k == "stop" else v
                                    for k, v in sampling.items() if v is not None})
-        yield from self._generate(messages, self._policy(policy), params, should_stop)
+        yield from self._generate(messages, self._policy(policy), params, should_stop,
+                                  store_entries)
 
     def prepare(self, messages: Messages) -> Prompt:
         """The request's token ids and keyed segments, checked (nothing computed or cached)."""
@@ -262,7 +279,8 @@ class Engine:
         return self.policy if policy is None else parse_policy(policy)
 
     def _generate(self, messages: Messages, policy: Policy, params: SamplingParams,
-                  should_stop: Callable[[], bool] | None) -> Generator[StreamDelta, None, None]:
+                  should_stop: Callable[[], bool] | None, store_entries: bool = True
+                  ) -> Generator[StreamDelta, None, None]:
         start = time.perf_counter()
         run = self._prefill(messages, policy, params.max_tokens, False, start, False, None)
         stats = run.stats
@@ -270,7 +288,8 @@ class Engine:
             else None
         first = sample(run.output.logits, params, generator)
         stats.ttft_s = time.perf_counter() - start
-        self._store(run)
+        if store_entries:
+            self._store(run)
         decode_start = time.perf_counter()
         tokens: list[int] = []
         text = TextStream(self.tokenizer, params.stop)
@@ -311,49 +330,81 @@ class Engine:
                              image_tokens=sum(im.num_tokens for im in prompt.images),
                              documents=len(prompt.segments) - len(prompt.images))
         with torch.inference_mode():
-            lookup = self.cache.lookup(prompt, policy, stats)
-            encoded = encode_images(self.adapter, prompt, lookup, stats)
-            embeds = embed_prompt(self.adapter, prompt, encoded)  # [S, H]
+            hit = self._prefix_hit(prompt, policy, stats)
+            view = Prompt(prompt.input_ids, after(prompt, hit.length)) if hit else prompt
+            lookup = self.cache.lookup(view, policy, stats)
+            encoded = encode_images(self.adapter, view, lookup, stats)
+            stats.images_hit += len(prompt.images) - len(view.images)  # inside the prefix
+            embeds = embed_prompt(self.adapter, view, encoded)  # [S, H]
             positions = self.adapter.positions(prompt.input_ids, prompt.grid_thw)  # [3, S]
             contexts = [context_digest(prompt.input_ids, seg.start,
-                                       [e.key for e in prompt.segments[:i]])
-                        for i, seg in enumerate(prompt.segments)]
-            segments = segment_inputs(prompt, policy, lookup, encoded, contexts, capture,
-                                      self.adapter)
-            for sp, seg in zip(prompt.segments, segments, strict=True):
+                                       [e.key for e in prompt.segments if e.start < seg.start])
+                        for seg in view.segments]
+            segments = segment_inputs(view, policy, lookup, encoded, contexts, capture,
+                                      self.adapter, self.exact_hits)
+            for sp, seg in zip(view.segments, segments, strict=True):
                 if reference and seg.reused and sp.key in reference:
                     seg.reference_keys, seg.reference_values = reference[sp.key]
+            blocks = self._blocks_to_store(prompt, policy, segments, hit)
             t = time.perf_counter()
-            out = self._run_layers(prompt, policy, embeds, positions, segments, stats,
-                                   embeds.shape[0] + max_new_tokens, keep_hidden)
+            out = self._run_layers(view, policy, embeds, positions, segments, stats,
+                                   embeds.shape[0] + max_new_tokens, keep_hidden, hit, blocks)
             stats.prefill_s = time.perf_counter() - t
-        account(stats, prompt, segments, out)
+        account(stats, view, segments, out)
         run = PrefillRun(prompt, positions, out, stats)
-        run.pending = self.cache.new_entries(prompt, segments, out, encoded, positions,
-                                             contexts, lookup.held)
+        run.pending = self.cache.new_entries(view, segments, out, encoded, positions,
+                                             stored_contexts(view, segments, contexts),
+                                             lookup.held)
+        if blocks is not None and out.captured_rows is not None:
+            run.pending += self.blocks.entries(prompt, blocks, out.captured_rows)
         stats.ttft_s = time.perf_counter() - start
         return run
 
+    def _prefix_hit(self, prompt: Prompt, policy: Policy, stats: RequestStats
+                    ) -> PrefixHit | None:
+        """The cached exact prefix of this prompt, where the policy reuses KV at all."""
+        if self.blocks is None or not policy.reuse_kv:
+            return None
+        t = time.perf_counter()
+        hit = self.blocks.lookup(prompt)
+        stats.load_s += time.perf_counter() - t
+        stats.prefix_tokens_reused = hit.length if hit else 0
+        return hit
+
+    def _blocks_to_store(self, prompt: Prompt, policy: Policy, segments: list[SegmentInput],
+                         hit: PrefixHit | None) -> tuple[int, int] | None:
+        """Rows whose blocks this request stores: computed exactly (before the first segment
+        reused approximately), after the cached prefix."""
+        if self.blocks is None or not policy.reuse_kv:
+            return None
+        exact_end = min((s.start for s in segments if s.reused and not s.exact),
+                        default=prompt.input_ids.shape[0])
+        return self.blocks.span_to_store(prompt, hit.length if hit else 0, exact_end)
+
     def _run_layers(self, prompt: Prompt, policy: Policy, embeds: torch.Tensor,
                     positions: torch.Tensor, segments: list[SegmentInput], stats: RequestStats,
-                    capacity: int, keep_hidden: bool) -> PrefillOutput:
-        """The selective prefill; under the guard, once more with every reused token computed
-        when its signal says the answer may change (the encoder outputs stay reused)."""
+                    capacity: int, keep_hidden: bool, hit: PrefixHit | None,
+                    blocks: tuple[int, int] | None) -> PrefillOutput:
+        """The selective prefill behind the cached prefix; under the guard, once more with every
+        reused token computed when its signal says the answer may change (the encoder outputs
+        stay reused)."""
+        prefix = (hit.keys, hit.values) if hit else None
+        spans = [(0, hit.length)] if hit else []
         probe = question_rows(prompt.input_ids,
-                              [(sp.start, sp.num_tokens) for sp in prompt.segments],
+                              spans + [(sp.start, sp.num_tokens) for sp in prompt.segments],
                               self.turn_ids).to(embeds.device)
 
         def prefill() -> PrefillOutput:
             return selective_prefill(self.adapter, embeds, positions, segments,
                                      capacity=capacity, keep_hidden=keep_hidden,
                                      capture_hidden_at=self.cache.capture_hidden_at,
-                                     probe_rows=probe)
+                                     probe_rows=probe, prefix=prefix, capture_rows=blocks)
 
         out = prefill()
         stats.select_s = out.relevance_s
         if isinstance(policy, GuardPolicy) and policy.escalate(out.logits, out.naive_logits):
             for seg in segments:
-                if seg.reused:
+                if seg.reused and not seg.exact:
                     seg.schedule = RankedSchedule([seg.length] * self.adapter.num_layers,
                                                   "first")
             stats.escalated = True

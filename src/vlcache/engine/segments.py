@@ -11,8 +11,11 @@ from vlcache.engine.cache import Lookup
 from vlcache.engine.request import PreparedImage, Prompt
 from vlcache.engine.stats import RequestStats
 from vlcache.models.adapter import DecoderAdapter, EncodedImage
-from vlcache.reuse.policy import Policy
+from vlcache.reuse.policy import Policy, UniformPolicy
 from vlcache.reuse.prefill import PrefillOutput, SegmentInput
+from vlcache.reuse.prefix import context_digest
+
+EXACT = UniformPolicy(0.0, name="exact")  # an identical-prefix hit: nothing to recompute
 
 
 def encode_images(adapter: DecoderAdapter, prompt: Prompt, lookup: Lookup,
@@ -45,7 +48,8 @@ def embed_prompt(adapter: DecoderAdapter, prompt: Prompt,
 
 def segment_inputs(prompt: Prompt, policy: Policy, lookup: Lookup,
                    encoded: dict[str, EncodedImage], contexts: list[torch.Tensor],
-                   capture: bool, adapter: DecoderAdapter) -> list[SegmentInput]:
+                   capture: bool, adapter: DecoderAdapter,
+                   exact_hits: bool = True) -> list[SegmentInput]:
     """Per segment: its cached KV and schedule where the policy reuses it, else whether this
     prefill records its KV (a miss the store lacks, or every computed one with `capture`)."""
     segments, captured = [], set(lookup.held)
@@ -58,7 +62,10 @@ def segment_inputs(prompt: Prompt, policy: Policy, lookup: Lookup,
                 and policy.may_reuse(entry.context, context)):
             seg.cached_keys = entry.keys.to(adapter.dtype)
             seg.cached_values = entry.values.to(adapter.dtype)
-            seg.schedule = policy.schedule(sp.num_tokens, adapter.num_layers)
+            seg.exact = exact_hits and entry.context is not None and torch.equal(
+                entry.context.cpu(), context.cpu())
+            seg.schedule = (EXACT if seg.exact else policy).schedule(sp.num_tokens,
+                                                                     adapter.num_layers)
             restart = seg.schedule.restart_layer
             if restart is not None and entry.resume_layer == restart:
                 seg.cached_hidden = entry.hidden.to(adapter.dtype)
@@ -71,6 +78,18 @@ def segment_inputs(prompt: Prompt, policy: Policy, lookup: Lookup,
     return segments
 
 
+def stored_contexts(prompt: Prompt, segments: list[SegmentInput],
+                    contexts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The digests new entries are stored under: a segment computed behind an approximately
+    reused one gets an inexact digest (see reuse/prefix.py), never an identical-prefix hit."""
+    out, exact = [], True
+    for i, (sp, seg) in enumerate(zip(prompt.segments, segments, strict=True)):
+        out.append(contexts[i] if exact else context_digest(
+            prompt.input_ids, sp.start, [e.key for e in prompt.segments[:i]], exact=False))
+        exact = exact and (not seg.reused or seg.exact)
+    return out
+
+
 def account(stats: RequestStats, prompt: Prompt, segments: list[SegmentInput],
             out: PrefillOutput) -> None:
     """Reused and recomputed tokens of KV-reused segments, as layer means, by kind."""
@@ -80,6 +99,7 @@ def account(stats: RequestStats, prompt: Prompt, segments: list[SegmentInput],
     for sp, seg in zip(prompt.segments, segments, strict=True):
         if not seg.reused:
             continue
+        stats.segments_exact += seg.exact
         recomputed = sum(next(computed)) / layers
         if isinstance(sp, PreparedImage):
             stats.images_kv_reused += 1

@@ -13,6 +13,8 @@ class RequestStats:
     images: int = 0  # image occurrences in the prompt (an image sent twice counts twice)
     images_hit: int = 0  # distinct images whose encoder output came from the store
     images_kv_reused: int = 0  # occurrences whose KV entry was reused at the new position
+    segments_exact: int = 0  # reused behind an identical prefix: exact, nothing recomputed
+    prefix_tokens_reused: int = 0  # leading tokens served by the block prefix cache (exact)
     images_missed: int = 0  # distinct images the vision tower encoded
     image_tokens: int = 0
     image_tokens_reused: float = 0.0  # KV-reused image tokens, averaged over layers
@@ -34,7 +36,8 @@ class RequestStats:
     @property
     def cached_tokens(self) -> int:
         """Reused tokens (images and documents), as OpenAI's prompt_tokens_details."""
-        return int(round(self.image_tokens_reused + self.text_tokens_reused))
+        return int(round(self.image_tokens_reused + self.text_tokens_reused
+                         + self.prefix_tokens_reused))
 
     def to_dict(self) -> dict:
         return {**asdict(self), "cached_tokens": self.cached_tokens}

@@ -43,6 +43,9 @@ class SegmentInput:
     reference_keys: torch.Tensor | None = None
     reference_values: torch.Tensor | None = None
     reference_error: torch.Tensor | None = None  # [N], derived from the two above
+    # Reused behind a prefix identical to the one its KV was computed behind: exact, nothing
+    # recomputed whatever the policy.
+    exact: bool = False
 
     @property
     def reused(self) -> bool:
@@ -62,6 +65,7 @@ class PrefillOutput:
     final_hidden: torch.Tensor | None = None  # [S, H] last-layer output rows (valid on C_L)
     final_index: torch.Tensor | None = None  # [c_L] the rows of final_hidden that are valid
     relevance_s: float = 0.0  # time spent in the relevance pass (query-ranked schedules)
+    captured_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # [L, b-a, kvh, d] each
     naive_logits: torch.Tensor | None = None  # [V] the relevance pass's, when it ran all layers
     relevance: dict[int, torch.Tensor] = field(default_factory=dict)
     # segment index -> [N] the question's attention to its tokens (when the relevance pass ran)
@@ -127,13 +131,19 @@ def selective_prefill(
     keep_hidden: bool = False,
     capture_hidden_at: int | None = None,  # also record capture segments' input to this layer
     probe_rows: torch.Tensor | None = None,  # [P] the question's rows, for query ranking
+    prefix: tuple[torch.Tensor, torch.Tensor] | None = None,  # exact KV of rows [0, P)
+    capture_rows: tuple[int, int] | None = None,  # also record pre-RoPE KV of rows [a, b)
 ) -> PrefillOutput:
+    """`prefix`: the pre-RoPE K and V ([L, P, kvh, d]) of the prompt's first P rows, cached
+    behind the very same tokens (a prefix-cache hit): exact, those rows are never computed.
+    `segments` must lie after it."""
     seq_len = embeds.shape[0]
     device = embeds.device
     cos, sin = adapter.rope_tables(positions)  # [S, d]
     cache = KVCache(adapter.num_layers, adapter.kv_heads, adapter.head_dim, capacity,
                     adapter.dtype, device)
-    reused = sorted((s for s in segments if s.reused), key=lambda s: s.start)
+    span = _prefix_span(prefix, adapter.num_layers)
+    reused = sorted((s for s in [*span, *segments] if s.reused), key=lambda s: s.start)
     runs = _runs_between(reused, seq_len)  # [(start, stop)] computed at every layer
     relevance_s, naive_logits = _rank_by_relevance(adapter, embeds, cos, sin, runs, reused,
                                                    probe_rows)
@@ -142,6 +152,7 @@ def selective_prefill(
     deepstack_rows = [s for s in segments if s.deepstack is not None]
     computed_per_layer: list[int] = []
     reused_computed: list[list[int]] = [[] for _ in reused]
+    rows_kv: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
     h = embeds.clone()
     index: torch.Tensor | None = None
     captured_hidden: dict[int, torch.Tensor] = {}
@@ -164,6 +175,9 @@ def selective_prefill(
             s = segments[i]
             ks.append(step.keys[s.start:s.start + s.length].clone())
             vs.append(step.values[s.start:s.start + s.length].clone())
+        if capture_rows is not None:
+            rows_kv[0].append(step.keys[capture_rows[0]:capture_rows[1]].clone())
+            rows_kv[1].append(step.values[capture_rows[0]:capture_rows[1]].clone())
         cache.write_prefill(layer, step.rotated, step.values)
         if index is None:
             h = step.hidden
@@ -179,8 +193,11 @@ def selective_prefill(
         logits=last,
         cache=cache,
         computed_per_layer=computed_per_layer,
-        reused_computed=reused_computed,
+        reused_computed=[c for s, c in zip(reused, reused_computed, strict=True)
+                         if not any(s is t for t in span)],
         captured={i: (torch.stack(ks), torch.stack(vs)) for i, (ks, vs) in captured.items()},
+        captured_rows=(torch.stack(rows_kv[0]), torch.stack(rows_kv[1]))
+        if capture_rows is not None else None,
         captured_hidden=captured_hidden,
         final_hidden=h if keep_hidden else None,
         final_index=index if keep_hidden else None,
@@ -188,6 +205,24 @@ def selective_prefill(
         naive_logits=naive_logits,
         relevance={i: s.relevance for i, s in enumerate(segments) if s.relevance is not None},
     )
+
+
+class _Nothing(TokenSchedule):
+    """Recompute no token at any layer (an exact prefix)."""
+
+    nested = True
+
+    def select(self, layer: int, probe: LayerProbe) -> torch.Tensor:
+        return probe.previous[:0]
+
+
+def _prefix_span(prefix: tuple[torch.Tensor, torch.Tensor] | None,
+                 num_layers: int) -> list[SegmentInput]:
+    if prefix is None or prefix[0].shape[1] == 0:
+        return []
+    keys, values = prefix
+    return [SegmentInput(0, keys.shape[1], cached_keys=keys, cached_values=values,
+                         schedule=_Nothing(), exact=True)]
 
 
 def _rank_by_relevance(adapter: QwenVLAdapter, embeds: torch.Tensor, cos: torch.Tensor,
