@@ -239,7 +239,7 @@ class Engine:
         """
         start = time.perf_counter()
         run = self._prefill(messages, self._policy(policy), max_new_tokens, keep_hidden, start,
-                            capture, reference)
+                            capture, reference, store_entries)
         if store_entries:
             self._store(run)
         return run
@@ -282,7 +282,8 @@ class Engine:
                   should_stop: Callable[[], bool] | None, store_entries: bool = True
                   ) -> Generator[StreamDelta, None, None]:
         start = time.perf_counter()
-        run = self._prefill(messages, policy, params.max_tokens, False, start, False, None)
+        run = self._prefill(messages, policy, params.max_tokens, False, start, False, None,
+                            store_entries)
         stats = run.stats
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None \
             else None
@@ -320,8 +321,8 @@ class Engine:
 
     def _prefill(self, messages: Messages, policy: Policy, max_new_tokens: int,
                  keep_hidden: bool, start: float, capture: bool,
-                 reference: dict[str, tuple[torch.Tensor, torch.Tensor]] | None
-                 ) -> PrefillRun:
+                 reference: dict[str, tuple[torch.Tensor, torch.Tensor]] | None,
+                 store: bool = True) -> PrefillRun:
         t = time.perf_counter()
         prompt = self.builder.build(messages)
         stats = RequestStats(policy=policy.name, prompt_tokens=int(prompt.input_ids.shape[0]),
@@ -345,7 +346,7 @@ class Engine:
             for sp, seg in zip(view.segments, segments, strict=True):
                 if reference and seg.reused and sp.key in reference:
                     seg.reference_keys, seg.reference_values = reference[sp.key]
-            blocks = self._blocks_to_store(prompt, policy, segments, hit)
+            blocks = self._blocks_to_store(prompt, policy, segments, hit) if store else None
             t = time.perf_counter()
             out = self._run_layers(view, policy, embeds, positions, segments, stats,
                                    embeds.shape[0] + max_new_tokens, keep_hidden, hit, blocks)
