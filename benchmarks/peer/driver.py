@@ -99,7 +99,8 @@ def run_step(w: Worker, step: Step, messages: list[dict], timeout: float) -> S.S
     except WorkerError as e:
         a = {"ok": False, "error": str(e)}
     if a["ok"]:
-        for k in ("ttft_s", "cpu_s", "prompt_tokens", "cached_tokens", "computed_tokens"):
+        for k in ("ttft_s", "cpu_s", "cpu_top_s", "prompt_tokens", "cached_tokens",
+                  "computed_tokens"):
             setattr(sample, k, a.get(k))
         sample.text = a.get("text", "")
     else:
@@ -137,7 +138,7 @@ def finish(out: dict[str, Path], meta: dict) -> None:
     samples = S.read(out["csv"])
     meta["load"] = load_stats(samples, meta.get("load", {}).get("start"))
     summaries = summarize(samples)
-    out["md"].write_text(render(summaries, meta))
+    out["md"].write_text(render(summaries, meta, samples))
     if any(s.median is not None for s in summaries):
         plot(summaries, out["png"])
     out["json"].write_text(json.dumps(meta, indent=2))

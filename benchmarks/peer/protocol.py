@@ -48,18 +48,26 @@ def serve(channel: IO[str], handle: Callable[[dict], dict]) -> None:
         send(channel, answer)
 
 
-def cpu_seconds(pid: int | None = None) -> float:
-    """User + system CPU time of a process and all its descendants (vLLM's engine core is a
-    child of the worker): over a request's wall time, the threads it actually kept busy."""
+def thread_times(pid: int | None = None) -> dict[tuple[int, int], float]:
+    """User + system CPU seconds of every thread of a process and its descendants (vLLM's
+    engine core and model worker are children of its worker process)."""
     root = psutil.Process(pid)
-    total = 0.0
+    times = {}
     for p in [root, *root.children(recursive=True)]:
         try:
-            t = p.cpu_times()
-            total += t.user + t.system
+            for t in p.threads():
+                times[(p.pid, t.id)] = t.user_time + t.system_time
         except psutil.NoSuchProcess:
             pass
-    return total
+    return times
+
+
+def cpu_used(before: dict, after: dict) -> tuple[float, float]:
+    """(all threads, the busiest thread): CPU seconds between two `thread_times`. Over a
+    request's wall time, the busiest thread's share says how much of a core the compute got
+    (the rest of `all` is helpers: vLLM's processes poll and spin while they wait)."""
+    deltas = [t - before.get(k, 0.0) for k, t in after.items()] or [0.0]
+    return sum(deltas), max(deltas)
 
 
 class WorkerError(RuntimeError):
@@ -73,7 +81,7 @@ class Worker:
         self.name = name
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=log, env=env, text=True, bufsize=1,
-                                     start_new_session=True)  # its own group: kill() ends all
+                                     process_group=0)  # its own group: kill() ends all
         self._answers: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.info: dict = {}
@@ -125,6 +133,8 @@ class Worker:
             os.killpg(self.proc.pid, signal.SIGKILL)  # the engine's own children too
         except ProcessLookupError:
             pass
+        if self.proc.poll() is None:
+            self.proc.kill()
         self.proc.wait()
 
     def close(self, timeout: float = 30) -> None:

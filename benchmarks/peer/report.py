@@ -6,11 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from peer.cases import CASES
-from peer.stats import BASE, PEER, Summary
+from peer.stats import BASE, PEER, Summary, core_share
 
 CASE_NAMES = {"miss": "miss (fresh image)", "same": "same prompt",
               "moved": "moved (other system prompt, question first)",
               "swapped": "two images swapped", "long": "long text after the image"}
+
+SHORT = {"miss": "miss", "same": "same prompt", "moved": "moved", "swapped": "2 images swapped",
+         "long": "long text after"}
 
 
 def fmt_ratio(x: float | None) -> str:
@@ -55,7 +58,19 @@ def engine_table(engines: dict[str, dict]) -> list[str]:
     return lines
 
 
-def render(summaries: list[Summary], meta: dict) -> str:
+def share_lines(samples: list) -> list[str]:
+    """How much of a core each engine got: on a shared machine the ratios are fair only if
+    the two compute threads got similar shares."""
+    out = []
+    for engine in (BASE, PEER):
+        share = core_share(samples, engine)
+        if share["all"] is not None:
+            out.append(f"- {engine}: busiest thread {fmt(share['top'])} CPU-s per wall second, "
+                       f"all its threads {fmt(share['all'])} (medians over its requests)")
+    return out
+
+
+def render(summaries: list[Summary], meta: dict, samples: list | None = None) -> str:
     """The markdown page; `meta` holds the command, machine, engines and load."""
     load = meta.get("load", {})
     out = [f"# vlcache against {PEER} (CPU build): time to first token, side by side", "",
@@ -72,7 +87,12 @@ def render(summaries: list[Summary], meta: dict) -> str:
            "clock starts, preprocessing included). `vLLM cached`: its prefix-cache hit in "
            "tokens; `vlcache computed/layer`: prompt tokens it ran through each layer, mean "
            "over layers.", "", *ratio_table(summaries), "", "## Engines", "",
-           *engine_table(meta.get("engines", {})), "", "## Cases", ""]
+           *engine_table(meta.get("engines", {})), ""]
+    shares = share_lines(samples or [])
+    if shares:
+        out += ["CPU per wall second during the requests (1.00 = a whole core):", "", *shares,
+                ""]
+    out += ["## Cases", ""]
     out += [f"- **{CASE_NAMES[c]}**: {meta['cases'][c]}" for c in CASES
             if c in meta.get("cases", {})]
     errors = [e for s in summaries for e in s.errors]
@@ -107,10 +127,11 @@ def plot(summaries: list[Summary], path: Path, title: str = "") -> None:
             ys.append(s.median)
             lo.append(s.median - s.span[0])
             hi.append(s.span[1] - s.median)
-        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=f"{size:,} image tokens")
+        bars = ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=f"{size:,} image tokens")
+        ax.bar_label(bars, [f"{y:.2f}" for y in ys], fontsize=7, padding=2)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
-    ax.set_xticks(range(len(cases)), [CASE_NAMES[c].split(" (")[0] for c in cases])
+    ax.set_xticks(range(len(cases)), [SHORT.get(c, c) for c in cases])
     ax.set_ylabel(f"{PEER} TTFT / {BASE} TTFT (>1: {BASE} faster)")
     ax.set_title(title or f"{BASE} vs {PEER}, per-round ratios: median, min–max")
     ax.legend()

@@ -53,10 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def outputs(args: argparse.Namespace) -> dict[str, Path]:
-    stem = args.out_dir / f"peer-{args.name}"
-    return {"md": stem.with_suffix(".md"), "png": stem.with_suffix(".png"),
-            "json": stem.with_suffix(".json"), "log": stem.with_suffix(".log"),
-            "csv": stem.parent / f"{stem.name}-samples.csv"}
+    stem = f"peer-{args.name}"  # names may hold dots ("fixture-0.5b"): no with_suffix
+    return {k: args.out_dir / f"{stem}{tail}" for k, tail in
+            {"md": ".md", "png": ".png", "json": ".json", "log": ".log",
+             "csv": "-samples.csv"}.items()}
 
 
 def commands(args: argparse.Namespace, model: Path, sizes: list[int]

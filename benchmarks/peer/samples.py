@@ -17,6 +17,7 @@ class Sample:
     engine: str
     ttft_s: float | None = None  # None: the request failed (see error)
     cpu_s: float | None = None  # CPU time of the engine's processes during the request
+    cpu_top_s: float | None = None  # of which its busiest thread (the compute)
     prompt_tokens: int | None = None
     cached_tokens: float | None = None  # as the engine reports it
     computed_tokens: float | None = None  # vlcache: per layer, mean; vLLM: prompt - cached
@@ -35,7 +36,8 @@ class Sample:
 
 
 FIELDS = [f.name for f in dataclasses.fields(Sample)]
-_TYPES = {"size": int, "round": int, "ttft_s": float, "cpu_s": float, "prompt_tokens": int,
+_TYPES = {"size": int, "round": int, "ttft_s": float, "cpu_s": float, "cpu_top_s": float,
+          "prompt_tokens": int,
           "cached_tokens": float, "computed_tokens": float, "load1": float}
 
 

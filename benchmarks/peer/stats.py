@@ -69,3 +69,11 @@ def summarize(samples: list[Sample], engines: tuple[str, str] = (BASE, PEER)
                                per_engine("cached_tokens"), per_engine("computed_tokens"),
                                [s for s in mine if not s.ok]))
     return out
+
+
+def core_share(samples: list[Sample], engine: str) -> dict[str, float | None]:
+    """Median over an engine's requests of CPU seconds per wall second: its busiest thread
+    (how much of a core the compute got) and all its threads (helpers included)."""
+    mine = [s for s in samples if s.engine == engine and s.ok and s.ttft_s]
+    return {"top": _median([s.cpu_top_s / s.ttft_s for s in mine if s.cpu_top_s is not None]),
+            "all": _median([s.cpu_s / s.ttft_s for s in mine if s.cpu_s is not None])}

@@ -18,7 +18,8 @@ def fake_answer(messages: list[dict], scale: float) -> dict:
     words = sum(len((p.get("text") or "").split()) for m in messages
                 for p in (m["content"] if isinstance(m["content"], list)
                           else [{"text": m["content"]}]))
-    return {"ttft_s": scale * (1 + image_tokens / 1000), "cpu_s": 0.0, "text": "red",
+    return {"ttft_s": scale * (1 + image_tokens / 1000), "cpu_s": 0.0, "cpu_top_s": 0.0,
+            "text": "red",
             "prompt_tokens": image_tokens + words, "cached_tokens": 0,
             "computed_tokens": image_tokens + words, "image_tokens": image_tokens}
 

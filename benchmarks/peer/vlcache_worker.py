@@ -10,7 +10,7 @@ import argparse
 import os
 import time
 
-from peer.protocol import cpu_seconds, open_channel, send, serve
+from peer.protocol import cpu_used, open_channel, send, serve, thread_times
 
 
 def main() -> None:
@@ -39,13 +39,14 @@ def main() -> None:
     def generate(request: dict) -> dict:
         messages = materialize(request["messages"], lambda im: {"type": "image", "image": im},
                                args.unit)
-        cpu0, start = cpu_seconds(), time.perf_counter()
+        cpu0, start = thread_times(), time.perf_counter()
         result = engine.generate(messages, policy=policy,
                                  max_tokens=request.get("max_tokens", 1))
         wall = time.perf_counter() - start
+        cpu, top = cpu_used(cpu0, thread_times())
         st = result.stats
         computed = st.computed_per_layer
-        return {"ttft_s": wall, "cpu_s": cpu_seconds() - cpu0, "text": result.text,
+        return {"ttft_s": wall, "cpu_s": cpu, "cpu_top_s": top, "text": result.text,
                 "prompt_tokens": st.prompt_tokens, "cached_tokens": st.cached_tokens,
                 "computed_tokens": sum(computed) / len(computed) if computed else None,
                 "image_tokens": st.image_tokens}

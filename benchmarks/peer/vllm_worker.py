@@ -13,7 +13,7 @@ import json
 import os
 import time
 
-from peer.protocol import cpu_seconds, open_channel, send, serve
+from peer.protocol import cpu_used, open_channel, send, serve, thread_times
 
 ENV_SHOWN = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
 
@@ -25,7 +25,8 @@ def settings(llm, kwargs: dict) -> dict:
             "block size": lambda: c.cache_config.block_size,
             "max_num_batched_tokens": lambda: c.scheduler_config.max_num_batched_tokens,
             "chunked prefill": lambda: c.scheduler_config.enable_chunked_prefill,
-            "compilation mode": lambda: str(c.compilation_config.mode),
+            "compilation": lambda: (f"{c.compilation_config.mode.name}, backend "
+                                    f"{c.compilation_config.backend}"),
             "dtype": lambda: str(c.model_config.dtype)}
     out: dict = {"LLM(...)": kwargs}
     for name, get in read.items():
@@ -64,12 +65,13 @@ def main() -> None:
         messages = materialize(request["messages"],
                                lambda im: {"type": "image_pil", "image_pil": im}, args.unit)
         params = SamplingParams(max_tokens=request.get("max_tokens", 1), temperature=0)
-        cpu0, start = cpu_seconds(), time.perf_counter()
+        cpu0, start = thread_times(), time.perf_counter()
         out = llm.chat(messages, params, use_tqdm=False)[0]
         wall = time.perf_counter() - start
+        cpu, top = cpu_used(cpu0, thread_times())
         prompt = len(out.prompt_token_ids or [])
         cached = out.num_cached_tokens or 0
-        return {"ttft_s": wall, "cpu_s": cpu_seconds() - cpu0, "text": out.outputs[0].text,
+        return {"ttft_s": wall, "cpu_s": cpu, "cpu_top_s": top, "text": out.outputs[0].text,
                 "prompt_tokens": prompt, "cached_tokens": cached,
                 "computed_tokens": prompt - cached}
 

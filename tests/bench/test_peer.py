@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,10 @@ from peer import cases as C  # noqa: E402
 from peer import driver as D  # noqa: E402
 from peer import samples as S  # noqa: E402
 from peer.images import grid_for, materialize, noise_image  # noqa: E402
-from peer.protocol import Worker  # noqa: E402
+from peer.protocol import Worker, cpu_used, thread_times  # noqa: E402
 from peer.report import plot, render  # noqa: E402
 from peer.schedule import Step, pending, plan, rotate  # noqa: E402
-from peer.stats import round_ratios, summarize  # noqa: E402
+from peer.stats import core_share, round_ratios, summarize  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("peer_run", BENCH / "peer" / "run.py")
 peer_run = importlib.util.module_from_spec(_spec)
@@ -158,6 +159,25 @@ def test_samples_round_trip_through_the_csv(tmp_path):
     assert S.read(tmp_path / "none.csv") == []
 
 
+def test_core_share_is_cpu_per_wall_second_of_each_engine():
+    samples = [sample(0, "miss", "vlcache", 2.0, cpu_s=1.0, cpu_top_s=1.0),
+               sample(1, "miss", "vlcache", 1.0, cpu_s=0.5, cpu_top_s=0.5),
+               sample(0, "miss", "vLLM", 2.0, cpu_s=2.0, cpu_top_s=1.8),
+               S.Sample(256, 1, "miss", "vLLM", cpu_s=9.0, error="failed")]  # not counted
+    assert core_share(samples, "vlcache") == {"top": 0.5, "all": 0.5}
+    assert core_share(samples, "vLLM") == {"top": pytest.approx(0.9), "all": 1.0}
+    assert core_share(samples, "other") == {"top": None, "all": None}
+
+
+def test_cpu_used_sums_threads_and_finds_the_busiest():
+    before = {(1, 1): 10.0, (1, 2): 5.0}
+    after = {(1, 1): 12.5, (1, 2): 5.25, (2, 7): 0.25}  # (2, 7): a thread born meanwhile
+    assert cpu_used(before, after) == (3.0, 2.5)
+    assert cpu_used({}, {}) == (0.0, 0.0)
+    mine = thread_times()
+    assert mine and all(t >= 0 for t in mine.values())
+
+
 # --- report -------------------------------------------------------------------------------------
 
 def meta(**kw):
@@ -174,7 +194,9 @@ def test_report_marks_losses_and_lists_errors():
                sample(0, "moved", "vlcache", 1.0, prompt_tokens=290),
                sample(0, "moved", "vLLM", 3.0, prompt_tokens=291),
                S.Sample(256, 0, "swapped", "vLLM", error="boom | bad")]
-    md = render(summarize(samples), meta())
+    samples[0].cpu_s, samples[0].cpu_top_s = 0.5, 0.25
+    md = render(summarize(samples), meta(), samples)
+    assert "- vlcache: busiest thread 0.25 CPU-s per wall second, all its threads 0.50" in md
     same = next(line for line in md.splitlines() if "| same prompt |" in line)
     moved = next(line for line in md.splitlines() if "| moved" in line)
     assert "**0.50×**" in same and "| 284 |" in same
@@ -241,23 +263,48 @@ def test_a_failing_case_and_a_dying_engine_are_recorded_and_the_run_goes_on(tmp_
 
 
 def test_stub_run_end_to_end_then_resume(tmp_path):
-    argv = ["--stub", "--sizes", "4,16", "--rounds", "2", "--name", "t", "--out-dir",
+    argv = ["--stub", "--sizes", "4,16", "--rounds", "2", "--name", "t.1", "--out-dir",
             str(tmp_path), "--long-tokens", "20"]
     peer_run.main(argv)
-    rows = S.read(tmp_path / "peer-t-samples.csv")
+    rows = S.read(tmp_path / "peer-t.1-samples.csv")
     assert len(rows) == 2 * 2 * len(C.CASES) * 2 and all(r.ok for r in rows)
     summaries = summarize(rows)
     assert all(s.median == pytest.approx(2.0) and len(s.ratios) == 2 for s in summaries)
-    md = (tmp_path / "peer-t.md").read_text()
+    md = (tmp_path / "peer-t.1.md").read_text()
     assert "| 16 | two images swapped | 2.00× | 2.00–2.00 | 2 |" in md
-    assert (tmp_path / "peer-t.png").exists() and (tmp_path / "peer-t.json").exists()
+    assert (tmp_path / "peer-t.1.png").exists() and (tmp_path / "peer-t.1.json").exists()
     with pytest.raises(SystemExit):  # no silent overwrite
         peer_run.main(argv)
     peer_run.main([*argv, "--resume"])  # nothing left: no new rows
-    assert len(S.read(tmp_path / "peer-t-samples.csv")) == len(rows)
+    assert len(S.read(tmp_path / "peer-t.1-samples.csv")) == len(rows)
     peer_run.main([*argv, "--render"])
-    assert (tmp_path / "peer-t.md").read_text().count("| 2.00× |") == 2 * len(C.CASES)
+    assert (tmp_path / "peer-t.1.md").read_text().count("| 2.00× |") == 2 * len(C.CASES)
 
 
 def test_step_keys_match_sample_keys():
     assert Step(256, 1, "miss", "vLLM").key == S.Sample(256, 1, "miss", "vLLM").key
+
+
+def test_a_hung_worker_is_killed_with_its_children():
+    psutil = pytest.importorskip("psutil")
+    from peer.protocol import WorkerError
+
+    code = ("import json, subprocess, sys, time\n"
+            "child = subprocess.Popen(['sleep', '600'])\n"
+            "print(json.dumps({'child': child.pid}), flush=True)\n"
+            "time.sleep(600)\n")
+    w = Worker("hung", [sys.executable, "-c", code], D.base_env(), sys.stderr)
+    child = w.wait_ready(30)["child"]
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="no answer within"):
+        w.call({"op": "generate"}, timeout=0.5)
+    assert not w.alive and time.monotonic() - start < 10
+    try:
+        gone = psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        gone = True
+    if not gone:
+        psutil.Process(child).kill()
+    assert gone
+    with pytest.raises(WorkerError, match="no answer within"):  # later calls say why
+        w.call({"op": "generate"}, timeout=5)
