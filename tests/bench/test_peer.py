@@ -299,10 +299,13 @@ def test_a_hung_worker_is_killed_with_its_children():
     with pytest.raises(WorkerError, match="no answer within"):
         w.call({"op": "generate"}, timeout=0.5)
     assert not w.alive and time.monotonic() - start < 10
-    try:
-        gone = psutil.Process(child).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        gone = True
+    gone, deadline = False, time.monotonic() + 10  # SIGKILL lands asynchronously
+    while not gone and time.monotonic() < deadline:
+        try:
+            gone = psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            gone = True
+        time.sleep(0.05)
     if not gone:
         psutil.Process(child).kill()
     assert gone
