@@ -10,21 +10,31 @@ quantity as a plan's budget), so policies compare at the same number of computed
   impossible below B = c/L (returns None);
 - kvshare: all up to layer1, 2ρ up to layer2, then ρ; ρ solved from the same mean;
 - vlcache / vlcache-greedy: the plan allocated for B from the profiled sensitivity table;
-- vlcache-depth: the plan allocated for B from the depth profile (planner/depth.py).
+- vlcache-depth: the plan allocated for B from the depth profile (planner/depth.py);
+- vlcache-query: the `vlcache` plan's per-layer counts, filled by the query rule (the counts
+  were allocated from the first-token profile: a rule-aware profile is not measured yet);
+- query, oracle: r = B at every layer, tokens ranked by the question's attention (a relevance
+  pass, timed as select_s) or, analysis only, by their true KV error against the full run;
+- guard: its base policy query:B (default threshold); it recomputes everything when its signal
+  fires, so its measured share (base pass included) is above B by the escalations.
 The engine's rounding up (ceil(r·N)) makes the measured share slightly higher; the report shows
 the measured share next to the target.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from vlcache.planner.depth import DepthProfile, depth_plan
 from vlcache.planner.profile import Profile, make_plan
 from vlcache.reuse.blend import CacheBlendPolicy, KVSharePolicy
 from vlcache.reuse.epic import EpicPolicy
+from vlcache.reuse.guard import GuardPolicy
 from vlcache.reuse.policy import Policy, RatioPolicy, UniformPolicy
+from vlcache.reuse.ranking import RankedPolicy
 
 FAMILIES = ("static", "epic", "cacheblend", "kvshare", "vlcache", "vlcache-greedy",
-            "vlcache-depth")
+            "vlcache-depth", "vlcache-query", "query", "oracle", "guard")
 
 
 def policy_at(family: str, budget: float, num_layers: int, mean_tokens: float,
@@ -33,6 +43,10 @@ def policy_at(family: str, budget: float, num_layers: int, mean_tokens: float,
     """The policy of `family` that spends `budget`, or None where the family cannot."""
     if family == "static":
         return UniformPolicy(budget)
+    if family in {"query", "oracle"}:
+        return RankedPolicy(budget, rule=family)
+    if family == "guard":
+        return GuardPolicy(ratio=budget)
     if family == "epic":
         return EpicPolicy(max(1, round(budget * mean_tokens)))
     if family == "cacheblend":
@@ -43,10 +57,13 @@ def policy_at(family: str, budget: float, num_layers: int, mean_tokens: float,
         first, second = KVSharePolicy(0.0).layers(num_layers)
         ratio = (budget * num_layers - first) / (2 * (second - first) + num_layers - second)
         return KVSharePolicy(min(ratio, 0.5), first, second) if ratio >= 0 else None
-    if family in {"vlcache", "vlcache-greedy"}:
+    if family in {"vlcache", "vlcache-greedy", "vlcache-query"}:
         if profile is None:
             raise ValueError(f"{family} needs a sensitivity profile")
-        plan = make_plan(profile, budget, "dp" if family == "vlcache" else "greedy")
+        plan = make_plan(profile, budget, "greedy" if family == "vlcache-greedy" else "dp")
+        if family == "vlcache-query":
+            return RankedPolicy(dataclasses.replace(plan, rule="query"),
+                                name=f"{family}@{budget:g}")
         return RatioPolicy(plan, name=f"{family}@{budget:g}")
     if family == "vlcache-depth":
         if depth_profile is None:
