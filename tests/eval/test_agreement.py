@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import random_image, user
 from vlcache.engine import Engine
-from vlcache.eval.agreement import agree, forced_logits, words_done
+from vlcache.eval.agreement import agree, agree_all, forced_logits, words_done
 from vlcache.eval.runner import greedy
 from vlcache.reuse.decode import decode_step
 
@@ -31,11 +31,17 @@ def test_forced_logits_equal_step_by_step_decoding(engine):
     with torch.inference_mode():
         steps = torch.stack([decode_step(engine.adapter, stepped.output.cache, t, position + i)
                              for i, t in enumerate(tokens)])
-    forced = engine.prefill(messages, policy="full", max_new_tokens=8)
+    caches = [engine.prefill(messages, policy=p, max_new_tokens=8).output.cache
+              for p in ("full", "full", "static:0.5")]
     with torch.inference_mode():
-        batch = forced_logits(engine.adapter, forced.output.cache, tokens, position)
-    assert forced.output.cache.length == stepped.output.cache.length
-    torch.testing.assert_close(batch, steps, rtol=1e-4, atol=1e-4)
+        batch = forced_logits(engine.adapter, caches, tokens, position)  # [3, t, V]
+    assert all(c.length == stepped.output.cache.length for c in caches)
+    torch.testing.assert_close(batch[0], steps, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(batch[1], steps, rtol=1e-4, atol=1e-4)
+    alone = engine.prefill(messages, policy="static:0.5", max_new_tokens=8).output.cache
+    with torch.inference_mode():  # each arm attends to its own cache only
+        torch.testing.assert_close(batch[2], forced_logits(engine.adapter, [alone], tokens,
+                                                           position)[0], rtol=1e-4, atol=1e-4)
 
 
 def test_agree_on_own_answer_and_on_a_changed_one(engine):
@@ -84,6 +90,9 @@ def test_agree_matches_greedy_comparison(engine, policy):
         own = greedy(engine, arm, 16)
         arm = engine.prefill(messages, policy=policy, max_new_tokens=16, store_entries=False)
         verdict = agree(engine, arm, full, 16, answer_words=1)
+        again = engine.prefill(messages, policy=policy, max_new_tokens=16, store_entries=False)
+        naive = engine.prefill(messages, policy="naive", max_new_tokens=16, store_entries=False)
+        assert agree_all(engine, [again, naive], full, 16, answer_words=1)[0] == verdict
         assert verdict.exact == (own == full)
         if not verdict.exact:  # the arm's own answer, up to where it is decided
             assert own[:len(verdict.tokens)] == verdict.tokens

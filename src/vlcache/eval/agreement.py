@@ -3,9 +3,10 @@
 An arm's greedy answer equals full's reference r_0 .. r_{n-1} exactly when, fed full's own
 tokens, it predicts each next one: argmax p(· | prompt) = r_0 and argmax p(· | r_<i) = r_i for
 every i (and, when full stopped before the cap, an end-of-turn token after r_{n-1}). So one forward
-pass over the reference decides exact@N, instead of N decoding steps. Only where the arm diverges
-does it decode on, from the first differing token, until its first answer word is complete (the
-accuracy check reads the first words only).
+pass over the reference decides exact@N, instead of N decoding steps; and the arms of one prompt
+share that pass (their rows go through each layer's weights together, each attending to its own
+cache). Only where an arm diverges does it decode on, from the first differing token, until its
+first answer word is complete (the accuracy check reads the first words only).
 """
 
 from __future__ import annotations
@@ -23,28 +24,38 @@ from vlcache.reuse.kvcache import KVCache
 from vlcache.reuse.rope import apply_rope
 
 
-def forced_logits(adapter: QwenVLAdapter, cache: KVCache, tokens: list[int],
-                  position: int) -> torch.Tensor:  # [t, V] float32
+def forced_logits(adapter: QwenVLAdapter, caches: list[KVCache], tokens: list[int],
+                  position: int) -> torch.Tensor:  # [A, t, V] float32
     """Logits after each of `tokens`, fed at `position`, `position + 1`, ... (text positions, the
-    same on all M-RoPE axes), appended to `cache`: `decode_step` for t tokens at once."""
-    t = len(tokens)
+    same on all M-RoPE axes) after each of A prompts of one length, appended to its cache:
+    `decode_step` for t tokens at once, for A caches at once."""
+    t, arms = len(tokens), len(caches)
+    past = caches[0].length
+    if any(c.length != past for c in caches):
+        raise ValueError("the caches hold prompts of different lengths")
     device = adapter.device
-    h = adapter.embed(torch.tensor(tokens))  # [t, H]
+    h = adapter.embed(torch.tensor(tokens)).repeat(arms, 1)  # [A*t, H]
     pos = torch.arange(position, position + t, device=device).expand(3, t)  # [3, t]
-    cos, sin = adapter.rope_tables(pos)  # [t, d]
-    past = cache.length
+    cos, sin = (x.repeat(arms, 1) for x in adapter.rope_tables(pos))  # [A*t, d]
     # new token i sees the whole prompt and new tokens 0..i
     mask = torch.ones(t, past + t, dtype=torch.bool, device=device)  # [t, T + t]
     mask[:, past:] = torch.ones(t, t, dtype=torch.bool, device=device).tril()
     for layer in range(adapter.num_layers):
-        q, k, v = adapter.qkv(layer, h)  # [t, nh, d], [t, kvh, d], [t, kvh, d]
-        keys, values = cache.append(layer, apply_rope(k, cos, sin), v)  # [kvh, T + t, d]
-        qh = apply_rope(q, cos, sin).transpose(0, 1)[None]  # [1, nh, t, d]
-        out = torch.nn.functional.scaled_dot_product_attention(
-            qh, keys[None], values[None], attn_mask=mask, scale=adapter.scaling, enable_gqa=True)
-        h = adapter.finish(layer, h, out[0].transpose(0, 1).reshape(t, -1))
-    cache.length += t
-    return adapter.logits(h)
+        q, k, v = adapter.qkv(layer, h)  # [A*t, nh, d], [A*t, kvh, d], [A*t, kvh, d]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = torch.empty(arms * t, q.shape[1] * q.shape[2], dtype=h.dtype, device=device)
+        for a, cache in enumerate(caches):
+            rows = slice(a * t, (a + 1) * t)
+            keys, values = cache.append(layer, k[rows], v[rows])  # [kvh, T + t, d]
+            qh = q[rows].transpose(0, 1)[None]  # [1, nh, t, d]
+            att = torch.nn.functional.scaled_dot_product_attention(
+                qh, keys[None], values[None], attn_mask=mask, scale=adapter.scaling,
+                enable_gqa=True)  # [1, nh, t, d]
+            out[rows] = att[0].transpose(0, 1).reshape(t, -1)
+        h = adapter.finish(layer, h, out)
+    for cache in caches:
+        cache.length += t
+    return adapter.logits(h).view(arms, t, -1)
 
 
 @dataclass(frozen=True)
@@ -67,14 +78,29 @@ def agree(engine: Engine, run: PrefillRun, reference: list[int], cap: int,
     """Teacher-forced exact@cap of `run` against full's greedy `reference` (at most `cap`
     tokens, no end token); diverging arms decode on until `answer_words` words are complete
     (0: not at all)."""
-    position = int(run.positions.max()) + 1
-    first = int(run.output.logits.argmax())
-    predicted = [first]  # predicted[i]: the arm's choice after reference[:i]
-    if reference and first == reference[0]:
+    return agree_all(engine, [run], reference, cap, answer_words)[0]
+
+
+def agree_all(engine: Engine, runs: list[PrefillRun], reference: list[int], cap: int,
+              answer_words: int = 0) -> list[Agreement]:
+    """`agree` for the arms of one prompt, with one forced pass for all of them."""
+    predicted = [[int(run.output.logits.argmax())] for run in runs]  # [i]: after reference[:i]
+    forced = [a for a, p in enumerate(predicted) if reference and p[0] == reference[0]]
+    if forced:
         feed = reference[: cap - 1] if len(reference) >= cap else reference
+        position = int(runs[0].positions.max()) + 1
         with torch.inference_mode():
-            logits = forced_logits(engine.adapter, run.output.cache, feed, position)
-        predicted += logits.argmax(dim=-1).tolist()
+            logits = forced_logits(engine.adapter, [runs[a].output.cache for a in forced],
+                                   feed, position)  # [A, t, V]
+        for a, choices in zip(forced, logits.argmax(dim=-1).tolist(), strict=True):
+            predicted[a] += choices
+    return [_verdict(engine, run, p, reference, cap, answer_words)
+            for run, p in zip(runs, predicted, strict=True)]
+
+
+def _verdict(engine: Engine, run: PrefillRun, predicted: list[int], reference: list[int],
+             cap: int, answer_words: int) -> Agreement:
+    position = int(run.positions.max()) + 1
     for i, token in enumerate(predicted):
         if i == len(reference):  # full stopped here: so must the arm
             if token in engine.stop_ids:

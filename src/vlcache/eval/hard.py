@@ -462,9 +462,9 @@ def _multihop(rng: random.Random, slot: Slot, n: int) -> HardExample:
     order = list(range(len(docs)))
     rng.shuffle(order)
     shown = [order.index(i) for i in range(len(chain))]
-    needs = [(first.subject, town), (town,) + ((_mayor(town_doc),) if three else (fact.answer,))]
+    needs = [(first.opener, town), (town,) + ((_mayor(town_doc),) if three else (fact.answer,))]
     if three:
-        needs.append((chain[2].subject, fact.answer))
+        needs.append((chain[2].opener, fact.answer))
     hops = tuple((s, need) for s, need in zip(shown, needs, strict=True))
     return HardExample("multihop", tuple(docs[i].named for i in order), None, question,
                        fact.answer, hops, f"{slot.source}/multihop/{via}{'+mayor' * three}")

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from vlcache.engine import Engine
 from vlcache.engine.engine import PrefillRun
 from vlcache.eval import metrics
-from vlcache.eval.agreement import Agreement, agree
+from vlcache.eval.agreement import Agreement, agree_all
 from vlcache.eval.cases import Case, prime
 from vlcache.eval.rowlog import RowLog
 from vlcache.reuse.decode import decode_step
@@ -56,7 +56,8 @@ class Row:
     answer: str
     margin: float  # full's first-token p(top-1) − p(top-2), the same for every arm of a case
     escalated: bool = False  # guard: recomputed every reused token after its base pass
-    seconds: float = 0.0  # the arm's wall time: prefill (relevance pass included), agreement
+    seconds: float = 0.0  # the arm's wall time: prefill (relevance pass included) and an equal
+    # share of the prompt's agreement pass (full: prefill and greedy decoding)
     select_s: float = 0.0  # of which the relevance pass (query, guard)
 
     def as_dict(self) -> dict:
@@ -132,14 +133,18 @@ def evaluate_case(engine: Engine, case: Case, arms: list[Arm], split: str,
                 if i in full.output.captured}
     rows = [_row(case, split, index, Arm("full", None, parse_policy("full")), full,
                  Agreement(True, reference), full, time.perf_counter() - start, engine)]
+    runs, seconds = [], []
     for arm in arms:
         start = time.perf_counter()
-        run = engine.prefill(case.messages, policy=arm.policy, max_new_tokens=MAX_TOKENS,
-                             store_entries=False,
-                             reference=exact_kv if _needs_reference(arm.policy) else None)
-        agreement = agree(engine, run, reference, MAX_TOKENS, answer_words(case.answer))
-        rows.append(_row(case, split, index, arm, run, agreement, full,
-                         time.perf_counter() - start, engine))
+        runs.append(engine.prefill(case.messages, policy=arm.policy, max_new_tokens=MAX_TOKENS,
+                                   store_entries=False,
+                                   reference=exact_kv if _needs_reference(arm.policy) else None))
+        seconds.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    agreements = agree_all(engine, runs, reference, MAX_TOKENS, answer_words(case.answer))
+    shared = (time.perf_counter() - start) / max(len(arms), 1)
+    for arm, run, agreement, s in zip(arms, runs, agreements, seconds, strict=True):
+        rows.append(_row(case, split, index, arm, run, agreement, full, s + shared, engine))
     return rows
 
 
