@@ -131,3 +131,24 @@ def test_families_are_known_to_the_eval_command(family):
     from vlcache.eval.budget import FAMILIES
 
     assert family in FAMILIES
+
+
+@pytest.mark.parametrize("threshold", [0.0, 1e9])  # always / never escalates
+def test_guard_rows_equal_a_guard_run_alone(tiny_text_checkpoints, threshold):
+    from vlcache.engine import Engine
+    from vlcache.eval.hard import build_cases, load_hard
+    from vlcache.eval.runner import Arm, evaluate_case
+    from vlcache.reuse.policy import parse_policy
+
+    engine = Engine.from_pretrained(next(iter(tiny_text_checkpoints.values())))
+    guard = Arm("guard", 0.25, parse_policy(f"guard:{threshold:g}:0.25"))
+    query = Arm("query", 0.25, parse_policy("query:0.25"))
+    keep = ("exact", "top1", "kl", "computed", "escalated", "answer", "policy")
+    for case in build_cases(load_hard(3), ("before", "multihop", "refer")):
+        alone = evaluate_case(engine, case, [guard], "heldout", 0)[-1]
+        _, shared, base = evaluate_case(engine, case, [guard, query], "heldout", 0)
+        assert alone.escalated == (threshold == 0.0)
+        # unescalated, the guard's row comes from its base arm's run (the same time)
+        assert (shared.seconds == base.seconds) == (threshold != 0.0)
+        assert {k: getattr(alone, k) for k in keep} == pytest.approx(
+            {k: getattr(shared, k) for k in keep})

@@ -2,8 +2,10 @@
 
 Per prompt: its segments are cached in their other contexts, then ONE full run (its greedy answer
 is the reference; its captured KV feeds the oracle arms), then every arm, whose agreement with
-full's answer is decided teacher-forced (eval/agreement.py). With a row log (eval/rowlog.py),
-each prompt's rows are appended as it finishes and a rerun skips the prompts already done.
+full's answer is decided teacher-forced (eval/agreement.py), in one pass for all arms. A guard
+arm that does not escalate reuses its base arm's run (query at the same ratio). With a row log
+(eval/rowlog.py), each prompt's rows are appended as it finishes and a rerun skips the prompts
+already done.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ class Row:
     margin: float  # full's first-token p(top-1) − p(top-2), the same for every arm of a case
     escalated: bool = False  # guard: recomputed every reused token after its base pass
     seconds: float = 0.0  # the arm's wall time: prefill (relevance pass included) and an equal
-    # share of the prompt's agreement pass (full: prefill and greedy decoding)
+    # share of the prompt's agreement pass (full: caching the segments in their other
+    # contexts, its prefill and greedy decoding), so a prompt's rows add up to its time
     select_s: float = 0.0  # of which the relevance pass (query, guard)
 
     def as_dict(self) -> dict:
@@ -124,8 +127,8 @@ def answer_words(answer: str | None) -> int:
 def evaluate_case(engine: Engine, case: Case, arms: list[Arm], split: str,
                   index: int) -> list[Row]:
     """The full run's row, then one row per arm."""
-    prime(engine, case)
     start = time.perf_counter()
+    prime(engine, case)
     full = engine.prefill(case.messages, policy="full", max_new_tokens=MAX_TOKENS,
                           store_entries=False, capture=True)
     reference = greedy(engine, full)
@@ -133,19 +136,41 @@ def evaluate_case(engine: Engine, case: Case, arms: list[Arm], split: str,
                 if i in full.output.captured}
     rows = [_row(case, split, index, Arm("full", None, parse_policy("full")), full,
                  Agreement(True, reference), full, time.perf_counter() - start, engine)]
-    runs, seconds = [], []
-    for arm in arms:
+    runs: dict[str, tuple[PrefillRun, float]] = {}  # policy name -> (run, its prefill time)
+    for arm in sorted(arms, key=lambda a: isinstance(a.policy, GuardPolicy)):  # guards last
+        shared = _unescalated_guard(arm.policy, runs)
+        if shared is not None:
+            runs[arm.policy.name] = shared
+            continue
         start = time.perf_counter()
-        runs.append(engine.prefill(case.messages, policy=arm.policy, max_new_tokens=MAX_TOKENS,
-                                   store_entries=False,
-                                   reference=exact_kv if _needs_reference(arm.policy) else None))
-        seconds.append(time.perf_counter() - start)
+        run = engine.prefill(case.messages, policy=arm.policy, max_new_tokens=MAX_TOKENS,
+                             store_entries=False,
+                             reference=exact_kv if _needs_reference(arm.policy) else None)
+        runs[arm.policy.name] = run, time.perf_counter() - start
+    unique = list({id(run): run for run, _ in runs.values()}.values())
     start = time.perf_counter()
-    agreements = agree_all(engine, runs, reference, MAX_TOKENS, answer_words(case.answer))
-    shared = (time.perf_counter() - start) / max(len(arms), 1)
-    for arm, run, agreement, s in zip(arms, runs, agreements, seconds, strict=True):
-        rows.append(_row(case, split, index, arm, run, agreement, full, s + shared, engine))
+    verdicts = agree_all(engine, unique, reference, MAX_TOKENS, answer_words(case.answer))
+    agreements = {id(run): v for run, v in zip(unique, verdicts, strict=True)}
+    share = (time.perf_counter() - start) / max(len(arms), 1)
+    for arm in arms:
+        run, seconds = runs[arm.policy.name]
+        rows.append(_row(case, split, index, arm, run, agreements[id(run)], full,
+                         seconds + share, engine))
     return rows
+
+
+def _unescalated_guard(policy: Policy, runs: dict[str, tuple[PrefillRun, float]]
+                       ) -> tuple[PrefillRun, float] | None:
+    """A guard that does not escalate computes exactly its base policy (query:R): where that
+    arm ran, the guard's own decision on its output (its logits, and the naive logits of its
+    relevance pass) says whether the guard would stop there; if so, its run (and time) are the
+    guard's too. None: the guard must run (it escalates, or its base was not run)."""
+    if not isinstance(policy, GuardPolicy) or policy.base.name not in runs:
+        return None
+    run, seconds = runs[policy.base.name]
+    if policy.escalate(run.output.logits, run.output.naive_logits):
+        return None
+    return run, seconds
 
 
 def _row(case: Case, split: str, index: int, arm: Arm, run: PrefillRun, agreement: Agreement,
