@@ -126,29 +126,47 @@ def test_eval_resumes_where_it_stopped(tiny_text_checkpoints, tmp_path, monkeypa
     assert len((out / "rows.jsonl").read_text().splitlines()) == 20
 
 
-@pytest.mark.parametrize("family", ["query", "oracle", "guard", "vlcache-query"])
-def test_families_are_known_to_the_eval_command(family):
-    from vlcache.eval.budget import FAMILIES
+def test_the_generalised_plan_is_profiled_with_the_query_rule(tiny_text_checkpoints,
+                                                              tmp_path):
+    from vlcache.plan import Plan
 
-    assert family in FAMILIES
+    with pytest.raises(ValueError, match="query rule"):
+        policy_at("vlcache-query", 0.1, 24, 300)
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(next(iter(tiny_text_checkpoints.values()))),
+                 "--data", "hard", "--limit", "2", "--grid", "0.25", "--kinds", "after",
+                 "--policies", "vlcache,vlcache-query", "--budgets", "0.25",
+                 "--out", str(out)]) == 0
+    assert Plan.load(out / "plan-query.json").rule == "query"
+    assert Plan.load(out / "plan.json").rule == "first"
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert {r["policy"] for r in rows} == {"full", "vlcache@0.25", "vlcache-query@0.25"}
+    query = [r for r in rows if r["family"] == "vlcache-query"]
+    assert all(r["select_s"] > 0 for r in query)  # its relevance pass ran
 
 
 @pytest.mark.parametrize("threshold", [0.0, 1e9])  # always / never escalates
-def test_guard_rows_equal_a_guard_run_alone(tiny_text_checkpoints, threshold):
+def test_guard_rows_equal_guard_runs_alone(tiny_text_checkpoints, threshold):
     from vlcache.engine import Engine
     from vlcache.eval.hard import build_cases, load_hard
     from vlcache.eval.runner import Arm, evaluate_case
     from vlcache.reuse.policy import parse_policy
 
     engine = Engine.from_pretrained(next(iter(tiny_text_checkpoints.values())))
-    guard = Arm("guard", 0.25, parse_policy(f"guard:{threshold:g}:0.25"))
-    query = Arm("query", 0.25, parse_policy("query:0.25"))
+    guards = [Arm("guard", r, parse_policy(f"guard:{threshold:g}:{r:g}")) for r in (0.25, 0.5)]
+    queries = [Arm("query", r, parse_policy(f"query:{r:g}")) for r in (0.25, 0.5)]
     keep = ("exact", "top1", "kl", "computed", "escalated", "answer", "policy")
     for case in build_cases(load_hard(3), ("before", "multihop", "refer")):
-        alone = evaluate_case(engine, case, [guard], "heldout", 0)[-1]
-        _, shared, base = evaluate_case(engine, case, [guard, query], "heldout", 0)
-        assert alone.escalated == (threshold == 0.0)
-        # unescalated, the guard's row comes from its base arm's run (the same time)
-        assert (shared.seconds == base.seconds) == (threshold != 0.0)
-        assert {k: getattr(alone, k) for k in keep} == pytest.approx(
-            {k: getattr(shared, k) for k in keep})
+        alone = [evaluate_case(engine, case, [g], "heldout", 0)[1] for g in guards]
+        _, *shared, q25, q50 = evaluate_case(engine, case, [*guards, *queries], "heldout", 0)
+        assert [a.escalated for a in alone] == [threshold == 0.0] * 2
+        for a, b in zip(alone, shared, strict=True):
+            assert {k: getattr(a, k) for k in keep} == pytest.approx(
+                {k: getattr(b, k) for k in keep})
+        # the guards' rows come from their base arms' runs (unescalated: the same time) or
+        # from one escalated run (its base pass's time plus the one recompute)
+        if threshold:
+            assert [s.seconds for s in shared] == [q25.seconds, q50.seconds]
+        else:
+            assert shared[1].seconds - q50.seconds == pytest.approx(
+                shared[0].seconds - q25.seconds)

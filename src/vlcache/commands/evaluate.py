@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, prof,
-          depth_prof=None):
+          depth_prof=None, query_prof=None):
     from vlcache.eval.budget import FAMILIES, policy_at
     from vlcache.eval.runner import Arm
     from vlcache.reuse.policy import parse_policy
@@ -57,7 +57,7 @@ def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, p
         for b in budgets:
             try:
                 policy = policy_at(token, b, engine.adapter.num_layers, mean_tokens, prof,
-                                   depth_prof)
+                                   depth_prof, query_prof)
             except ValueError as e:
                 policy = None
                 skipped.append(f"{token}@{b:g}: {e}")
@@ -78,26 +78,31 @@ def mean_segment_tokens(engine, cases) -> float:
     return sum(counts) / len(counts)
 
 
+PROFILED = {"first": ({"vlcache", "vlcache-greedy"}, "plan.json"),
+            "query": ({"vlcache-query"}, "plan-query.json")}
+
+
 def _profile(args: argparse.Namespace, engine, first, examples, tokens, budgets, out: Path,
-             resuming: bool = False):
-    """The sensitivity profile for the vlcache families: from --profile, or measured on the
-    planning half (and its 5% plan saved beside the results; a resumed run reads it back);
-    None if no family needs it."""
+             resuming: bool = False, rule: str = "first"):
+    """The sensitivity profile (measured with ranking `rule`) for the vlcache families: from
+    --profile (first rule), or measured on the planning half (and its 5% plan saved beside the
+    results; a resumed run reads it back); None if no family needs it."""
     from vlcache.eval.datasets import describe
     from vlcache.plan import Plan
     from vlcache.planner.profile import load_profile, make_plan, profile
 
-    if args.profile:
+    families, name = PROFILED[rule]
+    if args.profile and rule == "first":
         return load_profile(Plan.load(args.profile))
-    if not any(t in {"vlcache", "vlcache-greedy", "vlcache-query"} for t in tokens):
+    if not families & set(tokens):
         return None
-    if resuming and (out / "plan.json").is_file():
-        return load_profile(Plan.load(out / "plan.json"))
+    if resuming and (out / name).is_file():
+        return load_profile(Plan.load(out / name))
     described = describe(args.data, examples) | {"half": "plan", "kinds": args.kinds,
                                                   "profiled": args.profile_limit}
-    prof = profile(engine, first[:args.profile_limit], args.grid, described)
+    prof = profile(engine, first[:args.profile_limit], args.grid, described, rule=rule)
     out.mkdir(parents=True, exist_ok=True)
-    make_plan(prof, 0.05 if 0.05 in budgets else budgets[0]).save(out / "plan.json")
+    make_plan(prof, 0.05 if 0.05 in budgets else budgets[0]).save(out / name)
     return prof
 
 
@@ -188,9 +193,12 @@ def run(args: argparse.Namespace) -> int:
         engine, first, second, examples = load_halves(args)
         prof = _profile(args, engine, first, examples, tokens, budgets, out, resuming)
         depth_prof = _depth_profile(args, engine, first, examples, tokens, budgets, out)
+        query_prof = _profile(args, engine, first, examples, tokens, budgets, out, resuming,
+                              rule="query")
         means = [mean_segment_tokens(engine, half) for half in (first, second)]
-        plan_arms, skipped = _arms(tokens, budgets, engine, means[0], prof, depth_prof)
-        held_arms, _ = _arms(tokens, budgets, engine, means[1], prof, depth_prof)
+        plan_arms, skipped = _arms(tokens, budgets, engine, means[0], prof, depth_prof,
+                                   query_prof)
+        held_arms, _ = _arms(tokens, budgets, engine, means[1], prof, depth_prof, query_prof)
         engine.capture_hidden_at = _resume_layer(plan_arms)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache eval: {e}", file=sys.stderr)

@@ -11,8 +11,8 @@ quantity as a plan's budget), so policies compare at the same number of computed
 - kvshare: all up to layer1, 2ρ up to layer2, then ρ; ρ solved from the same mean;
 - vlcache / vlcache-greedy: the plan allocated for B from the profiled sensitivity table;
 - vlcache-depth: the plan allocated for B from the depth profile (planner/depth.py);
-- vlcache-query: the `vlcache` plan's per-layer counts, filled by the query rule (the counts
-  were allocated from the first-token profile: a rule-aware profile is not measured yet);
+- vlcache-query: the plan allocated for B from a profile measured with the query rule (the
+  generalised plan: the DP's counts filled by the question's attention);
 - query, oracle: r = B at every layer, tokens ranked by the question's attention (a relevance
   pass, timed as select_s) or, analysis only, by their true KV error against the full run;
 - guard: its base policy query:B (default threshold); it recomputes everything when its signal
@@ -22,8 +22,6 @@ the measured share next to the target.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from vlcache.planner.depth import DepthProfile, depth_plan
 from vlcache.planner.profile import Profile, make_plan
@@ -39,7 +37,8 @@ FAMILIES = ("static", "epic", "cacheblend", "kvshare", "vlcache", "vlcache-greed
 
 def policy_at(family: str, budget: float, num_layers: int, mean_tokens: float,
               profile: Profile | None = None,
-              depth_profile: DepthProfile | None = None) -> Policy | None:
+              depth_profile: DepthProfile | None = None,
+              query_profile: Profile | None = None) -> Policy | None:
     """The policy of `family` that spends `budget`, or None where the family cannot."""
     if family == "static":
         return UniformPolicy(budget)
@@ -57,14 +56,15 @@ def policy_at(family: str, budget: float, num_layers: int, mean_tokens: float,
         first, second = KVSharePolicy(0.0).layers(num_layers)
         ratio = (budget * num_layers - first) / (2 * (second - first) + num_layers - second)
         return KVSharePolicy(min(ratio, 0.5), first, second) if ratio >= 0 else None
-    if family in {"vlcache", "vlcache-greedy", "vlcache-query"}:
+    if family in {"vlcache", "vlcache-greedy"}:
         if profile is None:
             raise ValueError(f"{family} needs a sensitivity profile")
-        plan = make_plan(profile, budget, "greedy" if family == "vlcache-greedy" else "dp")
-        if family == "vlcache-query":
-            return RankedPolicy(dataclasses.replace(plan, rule="query"),
-                                name=f"{family}@{budget:g}")
+        plan = make_plan(profile, budget, "dp" if family == "vlcache" else "greedy")
         return RatioPolicy(plan, name=f"{family}@{budget:g}")
+    if family == "vlcache-query":
+        if query_profile is None or query_profile.rule != "query":
+            raise ValueError(f"{family} needs a sensitivity profile measured with the query rule")
+        return RankedPolicy(make_plan(query_profile, budget), name=f"{family}@{budget:g}")
     if family == "vlcache-depth":
         if depth_profile is None:
             raise ValueError("vlcache-depth needs a depth profile")

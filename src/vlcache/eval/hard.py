@@ -46,7 +46,7 @@ CACHE_TOGETHER = "Summarize these documents:"
 
 # Document sizes: (fact sentences after the first, filler sentences), and how often each is drawn.
 SIZES = {"short": ((2, 2), (0, 0)), "medium": ((5, 6), (2, 3)), "long": ((10, 10), (5, 8))}
-SIZE_WEIGHTS = {"short": 2, "medium": 2, "long": 1}
+SIZE_WEIGHTS = {"short": 3, "medium": 2, "long": 1}
 DOCS = (2, 6)  # documents per prompt
 PARTS = 11  # fact sentences of every document kind
 

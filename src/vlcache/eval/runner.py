@@ -2,8 +2,8 @@
 
 Per prompt: its segments are cached in their other contexts, then ONE full run (its greedy answer
 is the reference; its captured KV feeds the oracle arms), then every arm, whose agreement with
-full's answer is decided teacher-forced (eval/agreement.py), in one pass for all arms. A guard
-arm that does not escalate reuses its base arm's run (query at the same ratio). With a row log
+full's answer is decided teacher-forced (eval/agreement.py), in one pass for all arms. Guard
+arms share work with their base arms and with each other (`_Guards`). With a row log
 (eval/rowlog.py), each prompt's rows are appended as it finishes and a rerun skips the prompts
 already done.
 """
@@ -137,8 +137,9 @@ def evaluate_case(engine: Engine, case: Case, arms: list[Arm], split: str,
     rows = [_row(case, split, index, Arm("full", None, parse_policy("full")), full,
                  Agreement(True, reference), full, time.perf_counter() - start, engine)]
     runs: dict[str, tuple[PrefillRun, float]] = {}  # policy name -> (run, its prefill time)
+    guards = _Guards()
     for arm in sorted(arms, key=lambda a: isinstance(a.policy, GuardPolicy)):  # guards last
-        shared = _unescalated_guard(arm.policy, runs)
+        shared = guards.share(arm.policy, runs)
         if shared is not None:
             runs[arm.policy.name] = shared
             continue
@@ -147,6 +148,7 @@ def evaluate_case(engine: Engine, case: Case, arms: list[Arm], split: str,
                              store_entries=False,
                              reference=exact_kv if _needs_reference(arm.policy) else None)
         runs[arm.policy.name] = run, time.perf_counter() - start
+        guards.ran(arm.policy, runs)
     unique = list({id(run): run for run, _ in runs.values()}.values())
     start = time.perf_counter()
     verdicts = agree_all(engine, unique, reference, MAX_TOKENS, answer_words(case.answer))
@@ -159,18 +161,34 @@ def evaluate_case(engine: Engine, case: Case, arms: list[Arm], split: str,
     return rows
 
 
-def _unescalated_guard(policy: Policy, runs: dict[str, tuple[PrefillRun, float]]
-                       ) -> tuple[PrefillRun, float] | None:
-    """A guard that does not escalate computes exactly its base policy (query:R): where that
-    arm ran, the guard's own decision on its output (its logits, and the naive logits of its
-    relevance pass) says whether the guard would stop there; if so, its run (and time) are the
-    guard's too. None: the guard must run (it escalates, or its base was not run)."""
-    if not isinstance(policy, GuardPolicy) or policy.base.name not in runs:
-        return None
-    run, seconds = runs[policy.base.name]
-    if policy.escalate(run.output.logits, run.output.naive_logits):
-        return None
-    return run, seconds
+class _Guards:
+    """Work a guard arm shares with others of the prompt. Unescalated, a guard computes exactly
+    its base policy (query:R): where that arm ran, the guard's own decision on its output (its
+    logits, and the naive logits of its relevance pass) says whether the guard stops there; if
+    so, that run (and time) is the guard's. Escalated, every guard recomputes all reused tokens
+    whatever R, so one escalated run serves all of them (its time: their base run's plus the
+    recompute's)."""
+
+    def __init__(self) -> None:
+        self.escalated: tuple[PrefillRun, float] | None = None  # (run, time of its recompute)
+
+    def share(self, policy: Policy, runs: dict[str, tuple[PrefillRun, float]]
+              ) -> tuple[PrefillRun, float] | None:
+        """The guard's (run, time) from work done, or None: it must run."""
+        if not isinstance(policy, GuardPolicy) or policy.base.name not in runs:
+            return None
+        base, seconds = runs[policy.base.name]
+        if not policy.escalate(base.output.logits, base.output.naive_logits):
+            return base, seconds
+        if self.escalated is None:
+            return None
+        run, recompute = self.escalated
+        return run, seconds + recompute
+
+    def ran(self, policy: Policy, runs: dict[str, tuple[PrefillRun, float]]) -> None:
+        run, seconds = runs[policy.name]
+        if isinstance(policy, GuardPolicy) and run.stats.escalated and policy.base.name in runs:
+            self.escalated = run, max(seconds - runs[policy.base.name][1], 0.0)
 
 
 def _row(case: Case, split: str, index: int, arm: Arm, run: PrefillRun, agreement: Agreement,
