@@ -2,7 +2,10 @@
 
 The plan is profiled on one half of the examples and evaluated on both halves. Each segment's
 (image's or document's) cache is built in another context than the evaluated prompt (see
-vlcache.workloads.cases and vlcache.workloads.reading).
+vlcache.workloads.cases, vlcache.workloads.reading and vlcache.workloads.hard).
+
+Resumable: each prompt's rows are appended to `--out`/rows.jsonl as it finishes; a rerun with
+the same arguments (run.json's `signature`) skips the prompts done and reuses the profiled plan.
 """
 
 from __future__ import annotations
@@ -16,14 +19,17 @@ from vlcache.commands.profile import add_data_arguments, load_halves
 
 DEFAULT_POLICIES = "naive,prefix,static,epic,cacheblend,kvshare,vlcache"
 DEFAULT_BUDGETS = "0.01,0.02,0.05,0.1,0.2"
+# the arguments that decide the rows: a run resumes only where they are the same
+SIGNATURE = ("model", "data", "limit", "kinds", "max_image_tokens", "mme_root", "grid", "dtype",
+             "policies", "budgets", "profile", "profile_limit")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p)
     p.add_argument("--policies", default=DEFAULT_POLICIES,
                    help="families swept over --budgets (static, epic, cacheblend, kvshare, "
-                        "vlcache, vlcache-greedy, vlcache-depth) and fixed policies (naive, "
-                        "prefix, encoder, "
+                        "vlcache, vlcache-greedy, vlcache-depth, vlcache-query, query, oracle, "
+                        "guard) and fixed policies (naive, prefix, encoder, "
                         f"cacheblend:0.15:1, vlcache:PLAN.json, ...); default {DEFAULT_POLICIES}")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS,
                    help=f"target mean computed ratios (default {DEFAULT_BUDGETS})")
@@ -32,11 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the planning half")
     p.add_argument("--profile-limit", type=int, default=None,
                    help="profile on at most this many planning-half prompts (default: all)")
-    p.add_argument("--out", default="eval-out", help="output directory")
+    p.add_argument("--out", default="eval-out",
+                   help="output directory; a run there with the same arguments is resumed")
 
 
 def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, prof,
-          depth_prof=None):
+          depth_prof=None, query_prof=None):
     from vlcache.eval.budget import FAMILIES, policy_at
     from vlcache.eval.runner import Arm
     from vlcache.reuse.registry import parse_policy
@@ -50,7 +57,7 @@ def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, p
         for b in budgets:
             try:
                 policy = policy_at(token, b, engine.num_layers, mean_tokens, prof,
-                                   depth_prof)
+                                   depth_prof, query_prof)
             except ValueError as e:
                 policy = None
                 skipped.append(f"{token}@{b:g}: {e}")
@@ -71,22 +78,31 @@ def mean_segment_tokens(engine, cases) -> float:
     return sum(counts) / len(counts)
 
 
-def _profile(args: argparse.Namespace, engine, first, examples, tokens, budgets, out: Path):
-    """The sensitivity profile for the vlcache families: from --profile, or measured on the
-    planning half (and its 5% plan saved beside the results); None if no family needs it."""
+PROFILED = {"first": ({"vlcache", "vlcache-greedy"}, "plan.json"),
+            "query": ({"vlcache-query"}, "plan-query.json")}
+
+
+def _profile(args: argparse.Namespace, engine, first, examples, tokens, budgets, out: Path,
+             resuming: bool = False, rule: str = "first"):
+    """The sensitivity profile (measured with ranking `rule`) for the vlcache families: from
+    --profile (first rule), or measured on the planning half (and its 5% plan saved beside the
+    results; a resumed run reads it back); None if no family needs it."""
     from vlcache.plan import Plan
     from vlcache.planner.profile import load_profile, make_plan, profile
     from vlcache.workloads.datasets import describe
 
-    if args.profile:
+    families, name = PROFILED[rule]
+    if args.profile and rule == "first":
         return load_profile(Plan.load(args.profile))
-    if not any(t in {"vlcache", "vlcache-greedy"} for t in tokens):
+    if not families & set(tokens):
         return None
+    if resuming and (out / name).is_file():
+        return load_profile(Plan.load(out / name))
     described = describe(args.data, examples) | {"half": "plan", "kinds": args.kinds,
                                                   "profiled": args.profile_limit}
-    prof = profile(engine, first[:args.profile_limit], args.grid, described)
+    prof = profile(engine, first[:args.profile_limit], args.grid, described, rule=rule)
     out.mkdir(parents=True, exist_ok=True)
-    make_plan(prof, 0.05 if 0.05 in budgets else budgets[0]).save(out / "plan.json")
+    make_plan(prof, 0.05 if 0.05 in budgets else budgets[0]).save(out / name)
     return prof
 
 
@@ -148,30 +164,55 @@ def _resume_layer(arms) -> int | None:
     return starts.pop() if starts else None
 
 
+def _resuming(out: Path, signature: dict) -> bool:
+    """Whether `out` holds a run with these arguments (to resume); an error if it holds rows
+    of a run with other arguments."""
+    info = out / "run.json"
+    earlier = json.loads(info.read_text()).get("signature") if info.is_file() else None
+    if earlier == signature:
+        return True
+    log = out / "rows.jsonl"
+    if log.is_file() and log.stat().st_size:
+        changed = sorted(k for k in signature if (earlier or {}).get(k) != signature[k])
+        raise ValueError(f"{out} holds rows of a run with other arguments ({', '.join(changed)}"
+                         "); pass another --out, or remove it to start over")
+    return False
+
+
 def run(args: argparse.Namespace) -> int:
-    from vlcache.eval.runner import evaluate
+    from vlcache.eval.rowlog import RowLog
+    from vlcache.eval.runner import Half, evaluate
     from vlcache.models.loading import ModelLoadError
 
     tokens = [t.strip() for t in args.policies.split(",") if t.strip()]
     budgets = [float(b) for b in args.budgets.split(",") if b.strip()]
     out = Path(args.out)
+    signature = {k: getattr(args, k, None) for k in SIGNATURE}
     try:
+        resuming = _resuming(out, signature)
         engine, first, second, examples = load_halves(args)
-        prof = _profile(args, engine, first, examples, tokens, budgets, out)
+        prof = _profile(args, engine, first, examples, tokens, budgets, out, resuming)
         depth_prof = _depth_profile(args, engine, first, examples, tokens, budgets, out)
+        query_prof = _profile(args, engine, first, examples, tokens, budgets, out, resuming,
+                              rule="query")
         means = [mean_segment_tokens(engine, half) for half in (first, second)]
-        plan_arms, skipped = _arms(tokens, budgets, engine, means[0], prof, depth_prof)
-        held_arms, _ = _arms(tokens, budgets, engine, means[1], prof, depth_prof)
+        plan_arms, skipped = _arms(tokens, budgets, engine, means[0], prof, depth_prof,
+                                   query_prof)
+        held_arms, _ = _arms(tokens, budgets, engine, means[1], prof, depth_prof, query_prof)
         engine.capture_hidden_at = _resume_layer(plan_arms)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache eval: {e}", file=sys.stderr)
         return 2
     for line in skipped:
         print(f"skipped {line}", file=sys.stderr)
-    rows = (evaluate(engine, first, plan_arms, "plan")
-            + evaluate(engine, second, held_arms, "heldout"))
-    info = {"args": vars(args), "skipped": skipped, "cases": [len(first), len(second)],
+    info = {"signature": signature, "args": vars(args), "skipped": skipped,
+            "cases": [len(first), len(second)], "arms": [len(plan_arms), len(held_arms)],
             "mean_segment_tokens": {"plan": means[0], "heldout": means[1]}}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(json.dumps(info, indent=2, default=str))
+    halves = [Half("plan", first, plan_arms), Half("heldout", second, held_arms)]
+    rows = evaluate(engine, halves, RowLog(out / "rows.jsonl"))
     print(_write(out, rows, prof, budgets, title_of(vars(args)), info))
-    print(f"wrote {out}/: rows.csv, summary.csv, summary.md, agreement.png, run.json")
+    print(f"wrote {out}/: rows.jsonl, rows.csv, summary.csv, summary.md, agreement.png, "
+          "run.json")
     return 0

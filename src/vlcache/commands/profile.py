@@ -14,17 +14,18 @@ from vlcache.commands.device import add_device_arguments, device_and_dtype
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `profile` and `eval`: model, data set, case kinds, sizes."""
     from vlcache.workloads.cases import KINDS
+    from vlcache.workloads.hard import KINDS as HARD_KINDS
     from vlcache.workloads.reading import KINDS as READING_KINDS
 
     p.add_argument("--model", required=True,
                    help="local checkpoint directory (or a text-only .gguf file)")
     p.add_argument("--data", default="synthetic",
-                   help="synthetic | mme[:SUBSET,...] | random | reading[:SEED] (documents, "
-                        "for text-only models too) (default synthetic)")
+                   help="synthetic | mme[:SUBSET,...] | random | reading[:SEED] | hard[:SEED] "
+                        "(documents, for text-only models too) (default synthetic)")
     p.add_argument("--limit", type=int, default=48, help="examples to load (default 48)")
     p.add_argument("--kinds", default=None,
                    help=f"case kinds, taken in turn (default {','.join(KINDS)}; for reading "
-                        f"{','.join(READING_KINDS)})")
+                        f"{','.join(READING_KINDS)}; for hard {','.join(HARD_KINDS)})")
     p.add_argument("--max-image-tokens", type=int, default=256,
                    help="scale larger images down to about this many tokens (default 256)")
     p.add_argument("--mme-root", default=None, help="MME directory (default ../shared/eval/mme)")
@@ -36,7 +37,7 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
 def load_halves(args: argparse.Namespace):
     """(engine, planning-half cases, held-out-half cases, all examples) from the options."""
     from vlcache.engine import Engine
-    from vlcache.workloads import reading
+    from vlcache.workloads import hard, reading
     from vlcache.workloads.cases import KINDS, build_cases, split_examples
     from vlcache.workloads.datasets import load_examples
 
@@ -45,9 +46,9 @@ def load_halves(args: argparse.Namespace):
     device, dtype = device_and_dtype(args)
     engine = Engine.from_pretrained(args.model, dtype=dtype, device=device)
     examples = load_examples(args.data, args.limit, args.mme_root, args.max_image_tokens)
-    documents = args.data.split(":")[0] == "reading"
-    build = reading.build_cases if documents else build_cases
-    default = reading.KINDS if documents else KINDS
+    documents = {"reading": reading, "hard": hard}.get(args.data.split(":")[0])
+    build = documents.build_cases if documents else build_cases
+    default = documents.KINDS if documents else KINDS
     kinds = tuple(k.strip() for k in (args.kinds or ",".join(default)).split(",") if k.strip())
     first, second = split_examples(examples)
     return engine, build(first, kinds), build(second, kinds), examples

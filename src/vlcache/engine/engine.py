@@ -34,7 +34,9 @@ from vlcache.entry import ImageEntry
 from vlcache.keys import ModelFingerprint
 from vlcache.models.adapter import DecoderAdapter
 from vlcache.plan import Plan
+from vlcache.reuse.decode import decode_step, forced_logits
 from vlcache.reuse.guard import GuardPolicy
+from vlcache.reuse.kvcache import KVCache
 from vlcache.reuse.policy import Policy
 from vlcache.reuse.prefill import PrefillOutput, SegmentInput, selective_prefill
 from vlcache.reuse.prefix import context_digest
@@ -254,6 +256,24 @@ class Engine:
 
     def decode_text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    @property
+    def end_tokens(self) -> frozenset[int]:
+        """Token ids that end an answer (end of turn, end of text)."""
+        return frozenset(self.stop_ids)
+
+    def decode_step(self, cache: KVCache, token: int, position: int) -> torch.Tensor:
+        """One decoding step over a run's KV cache (`run.output.cache`): logits [V]."""
+        with torch.inference_mode():
+            return decode_step(self.adapter, cache, token, position)
+
+    def forced_logits(self, runs: list[PrefillRun], tokens: list[int],
+                      position: int) -> torch.Tensor:  # [A, t, V]
+        """Teacher forcing: the logits after each of `tokens`, appended to each run's cache
+        (the runs' prompts of one length), all runs through each layer together."""
+        with torch.inference_mode():
+            return forced_logits(self.adapter, [r.output.cache for r in runs], tokens,
+                                 position)
 
     def cached_entry(self, key: str) -> ImageEntry | None:
         """A segment's entry as the store holds it (host tensors), or None."""

@@ -10,7 +10,13 @@ quantity as a plan's budget), so policies compare at the same number of computed
   impossible below B = c/L (returns None);
 - kvshare: all up to layer1, 2ρ up to layer2, then ρ; ρ solved from the same mean;
 - vlcache / vlcache-greedy: the plan allocated for B from the profiled sensitivity table;
-- vlcache-depth: the plan allocated for B from the depth profile (planner/depth.py).
+- vlcache-depth: the plan allocated for B from the depth profile (planner/depth.py);
+- vlcache-query: the plan allocated for B from a profile measured with the query rule (the
+  generalised plan: the DP's counts filled by the question's attention);
+- query, oracle: r = B at every layer, tokens ranked by the question's attention (a relevance
+  pass, timed as select_s) or, analysis only, by their true KV error against the full run;
+- guard: its base policy query:B (default threshold); it recomputes everything when its signal
+  fires, so its measured share (base pass included) is above B by the escalations.
 The engine's rounding up (ceil(r·N)) makes the measured share slightly higher; the report shows
 the measured share next to the target.
 """
@@ -21,18 +27,25 @@ from vlcache.planner.depth import DepthProfile, depth_plan
 from vlcache.planner.profile import Profile, make_plan
 from vlcache.reuse.blend import CacheBlendPolicy, KVSharePolicy
 from vlcache.reuse.epic import EpicPolicy
+from vlcache.reuse.guard import GuardPolicy
 from vlcache.reuse.policy import Policy, RatioPolicy, UniformPolicy
+from vlcache.reuse.ranking import RankedPolicy
 
 FAMILIES = ("static", "epic", "cacheblend", "kvshare", "vlcache", "vlcache-greedy",
-            "vlcache-depth")
+            "vlcache-depth", "vlcache-query", "query", "oracle", "guard")
 
 
 def policy_at(family: str, budget: float, num_layers: int, mean_tokens: float,
               profile: Profile | None = None,
-              depth_profile: DepthProfile | None = None) -> Policy | None:
+              depth_profile: DepthProfile | None = None,
+              query_profile: Profile | None = None) -> Policy | None:
     """The policy of `family` that spends `budget`, or None where the family cannot."""
     if family == "static":
         return UniformPolicy(budget)
+    if family in {"query", "oracle"}:
+        return RankedPolicy(budget, rule=family)
+    if family == "guard":
+        return GuardPolicy(ratio=budget)
     if family == "epic":
         return EpicPolicy(max(1, round(budget * mean_tokens)))
     if family == "cacheblend":
@@ -48,6 +61,10 @@ def policy_at(family: str, budget: float, num_layers: int, mean_tokens: float,
             raise ValueError(f"{family} needs a sensitivity profile")
         plan = make_plan(profile, budget, "dp" if family == "vlcache" else "greedy")
         return RatioPolicy(plan, name=f"{family}@{budget:g}")
+    if family == "vlcache-query":
+        if query_profile is None or query_profile.rule != "query":
+            raise ValueError(f"{family} needs a sensitivity profile measured with the query rule")
+        return RankedPolicy(make_plan(query_profile, budget), name=f"{family}@{budget:g}")
     if family == "vlcache-depth":
         if depth_profile is None:
             raise ValueError("vlcache-depth needs a depth profile")

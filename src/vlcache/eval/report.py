@@ -1,42 +1,59 @@
-"""Evaluation rows -> per-(split, policy, budget) summary, CSV, markdown and a plot."""
+"""Evaluation rows -> per-(split, kind, policy, budget) summary with bootstrap 95% intervals,
+CSV, markdown and a plot."""
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections import defaultdict
 from pathlib import Path
 
+from vlcache.eval.bootstrap import interval
 from vlcache.eval.runner import Row
 
 SPLIT_TITLES = {"plan": "planning half (the plan was profiled here)",
                 "heldout": "held-out half (not seen by the profiler)"}
 METRICS = ("exact", "top1", "kl", "mse", "accuracy")
+ALL = "all"  # the summary's kind for every kind together
 
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _with_interval(name: str, values: list[float]) -> dict:
+    bounds = interval(values)
+    return {name: _mean(values), f"{name}_lo": bounds and bounds[0],
+            f"{name}_hi": bounds and bounds[1]}
+
+
 def summarize(rows: list[Row]) -> list[dict]:
+    """One record per (split, kind, family, budget), kind `all` first: means, with bootstrap
+    95% intervals (over prompts) for exact@16, top-1 and accuracy."""
     groups: dict[tuple, list[Row]] = defaultdict(list)
     for r in rows:
-        groups[(r.split, r.family, r.budget)].append(r)
+        groups[(r.split, ALL, r.family, r.budget)].append(r)
+    for r in rows:
+        groups[(r.split, r.kind, r.family, r.budget)].append(r)
     out = []
-    for (split, family, budget), rs in groups.items():
+    for (split, kind, family, budget), rs in groups.items():
         tokens = sum(r.segment_tokens for r in rs)
         judged = [float(r.correct) for r in rs if r.correct is not None]
         names = sorted({r.policy for r in rs})
         out.append({
-            "split": split, "family": family, "budget": budget,
+            "split": split, "kind": kind, "family": family, "budget": budget,
             "policy": names[0] if len(names) == 1 else f"{family} ({len(names)} settings)",
             "n": len(rs),
             "computed": sum(r.computed * r.segment_tokens for r in rs) / tokens if tokens else 1.0,
-            "exact": _mean([float(r.exact) for r in rs]),
-            "top1": _mean([float(r.top1) for r in rs]),
+            **_with_interval("exact", [float(r.exact) for r in rs]),
+            **_with_interval("top1", [float(r.top1) for r in rs]),
             "kl": _mean([r.kl for r in rs]),
             "mse": _mean([r.mse for r in rs]),
-            "accuracy": _mean(judged),
+            **_with_interval("accuracy", judged),
+            "escalated": _mean([float(r.escalated) for r in rs]),
+            "seconds": _mean([r.seconds for r in rs]),
+            "select_s": _mean([r.select_s for r in rs]),
         })
     return out
 
@@ -57,27 +74,54 @@ def _num(x: float | None) -> str:
     return "–" if x is None else f"{x:.3g}"
 
 
+def _ci(s: dict, metric: str) -> str:
+    """'81.3 (74.0–87.3)': the percentage and its 95% interval."""
+    if s.get(metric) is None:
+        return "–"
+    low, high = s.get(f"{metric}_lo"), s.get(f"{metric}_hi")
+    if low is None or high is None:
+        return f"{100 * s[metric]:.1f}"
+    return f"{100 * s[metric]:.1f} ({100 * low:.1f}–{100 * high:.1f})"
+
+
 def _order(s: dict) -> tuple:
     fixed = s["budget"] is None
     return (not fixed or s["family"] != "full", fixed, s["budget"] or 0.0, s["family"])
 
 
 def markdown(summary: list[dict], budgets: list[float]) -> str:
-    """Per split: a pivot of greedy exact match by budget, then the full table."""
+    """Per split: a pivot of greedy exact match (95% interval) by budget, then the full table
+    (every kind together); then, for the held-out half (or the only one), the pivot per kind."""
     parts = []
-    for split in dict.fromkeys(s["split"] for s in summary):
-        rows = sorted((s for s in summary if s["split"] == split), key=_order)
+    splits = list(dict.fromkeys(s["split"] for s in summary))
+    for split in splits:
+        rows = sorted((s for s in summary if s["split"] == split and s.get("kind", ALL) == ALL),
+                      key=_order)
         n = max(s["n"] for s in rows)
         parts.append(f"### {SPLIT_TITLES.get(split, split)}: {n} prompts\n")
         parts.append(_pivot(rows, budgets))
-        parts.append("| policy | target | computed | exact@16 | top-1 | KL(full‖p) | logits MSE "
-                     "| accuracy |\n|---|---|---|---|---|---|---|---|")
+        parts.append(_computed_pivot(rows, budgets))
+        parts.append("| policy | target | computed | exact@16 (95% CI) | top-1 (95% CI) "
+                     "| KL(full‖p) | logits MSE | accuracy (95% CI) | escalated | s/prompt "
+                     "| of which select |\n|---|---|---|---|---|---|---|---|---|---|---|")
         for s in rows:
             target = "–" if s["budget"] is None else _pct(s["budget"])
             parts.append(f"| {s['policy']} | {target} | {_pct(s['computed'])} | "
-                         f"{_pct(s['exact'])} | {_pct(s['top1'])} | {_num(s['kl'])} | "
-                         f"{_num(s['mse'])} | {_pct(s['accuracy'])} |")
+                         f"{_ci(s, 'exact')} | {_ci(s, 'top1')} | {_num(s['kl'])} | "
+                         f"{_num(s['mse'])} | {_ci(s, 'accuracy')} | "
+                         f"{_pct(s.get('escalated'))} | {_num(s.get('seconds'))} | "
+                         f"{_num(s.get('select_s'))} |")
         parts.append("")
+    split = "heldout" if "heldout" in splits else splits[-1]
+    kinds = [k for k in dict.fromkeys(s.get("kind", ALL) for s in summary
+                                      if s["split"] == split) if k != ALL]
+    for kind in kinds if len(kinds) > 1 else []:
+        rows = sorted((s for s in summary if s["split"] == split and s["kind"] == kind),
+                      key=_order)
+        n = max(s["n"] for s in rows)
+        parts.append(f"### kind `{kind}`, {SPLIT_TITLES.get(split, split).split(' (')[0]}: "
+                     f"{n} prompts\n")
+        parts.append(_pivot(rows, budgets))
     return "\n".join(parts)
 
 
@@ -160,7 +204,11 @@ def summary_markdown(rows: list[Row], budgets: list[float]) -> str:
 
 
 def read_rows(path: Path) -> list[Row]:
-    """Rows back from a `rows.csv` written by `vlcache eval`."""
+    """Rows back from a `rows.jsonl` or `rows.csv` written by `vlcache eval`."""
+    if path.suffix == ".jsonl":
+        return [Row.from_dict(json.loads(line)) for line in path.read_text().splitlines()
+                if line.strip()]
+
     def flag(s: str) -> bool | None:
         return None if s == "" else s == "True"
 
@@ -169,22 +217,36 @@ def read_rows(path: Path) -> list[Row]:
                     None if d["budget"] == "" else float(d["budget"]), d["policy"],
                     int(d["segment_tokens"]), float(d["computed"]), float(d["kl"]),
                     float(d["mse"]), d["top1"] == "True", d["exact"] == "True",
-                    flag(d["correct"]), d["answer"], float(d.get("margin") or "nan"))
+                    flag(d["correct"]), d["answer"], float(d.get("margin") or "nan"),
+                    d.get("escalated") == "True", float(d.get("seconds") or 0.0),
+                    float(d.get("select_s") or 0.0))
                 for d in csv.DictReader(f)]
 
 
 def _pivot(rows: list[dict], budgets: list[float]) -> str:
-    head = "| greedy exact match | " + " | ".join(_pct(b) for b in budgets) + " |"
+    """Families by budget: exact@16 % (95% interval); then the measured computed share."""
+    head = "| exact@16 % (95% CI) | " + " | ".join(_pct(b) for b in budgets) + " |"
     lines = [head, "|---" * (len(budgets) + 1) + "|"]
     families = list(dict.fromkeys(s["family"] for s in rows if s["budget"] is not None))
     for fam in families:
         cells = {s["budget"]: s for s in rows if s["family"] == fam}
         lines.append(f"| {fam} | " + " | ".join(
-            _pct(cells[b]["exact"]) if b in cells else "n/a" for b in budgets) + " |")
+            _ci(cells[b], "exact") if b in cells else "n/a" for b in budgets) + " |")
     for s in rows:
         if s["budget"] is None and s["family"] != "full":
             lines.append(f"| {s['policy']} (computed {_pct(s['computed'])}) | "
-                         + " | ".join(_pct(s["exact"]) for _ in budgets) + " |")
+                         + " | ".join(_ci(s, "exact") for _ in budgets) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _computed_pivot(rows: list[dict], budgets: list[float]) -> str:
+    """Families by budget: the measured mean computed share of the segments' token-layers."""
+    lines = ["| computed (measured) | " + " | ".join(_pct(b) for b in budgets) + " |",
+             "|---" * (len(budgets) + 1) + "|"]
+    for fam in dict.fromkeys(s["family"] for s in rows if s["budget"] is not None):
+        cells = {s["budget"]: s for s in rows if s["family"] == fam}
+        lines.append(f"| {fam} | " + " | ".join(
+            _pct(cells[b]["computed"]) if b in cells else "n/a" for b in budgets) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -194,6 +256,7 @@ def plot(summary: list[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    summary = [s for s in summary if s.get("kind", ALL) == ALL]
     splits = list(dict.fromkeys(s["split"] for s in summary))
     fig, axes = plt.subplots(3, len(splits), figsize=(6 * len(splits), 11), squeeze=False)
     names = {"exact": "greedy exact match", "top1": "top-1", "kl": "first-token KL(full ‖ p)"}
@@ -212,9 +275,15 @@ def plot(summary: list[dict], path: Path, title: str) -> None:
 
 def _panel(ax, rows: list[dict], metric: str) -> None:
     for fam in dict.fromkeys(s["family"] for s in rows if s["budget"] is not None):
-        pts = sorted((s["computed"], s[metric]) for s in rows
-                     if s["family"] == fam and s["budget"] is not None)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=fam)
+        pts = sorted((s["computed"], s[metric], s.get(f"{metric}_lo"), s.get(f"{metric}_hi"))
+                     for s in rows if s["family"] == fam and s["budget"] is not None)
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        if all(p[2] is not None and p[3] is not None for p in pts):  # 95% intervals
+            err = [[y - p[2] for y, p in zip(ys, pts, strict=True)],
+                   [p[3] - y for y, p in zip(ys, pts, strict=True)]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=fam)
+        else:
+            ax.plot(xs, ys, marker="o", label=fam)
     for s in rows:
         if s["budget"] is None and s["family"] in {"naive"}:
             ax.axhline(s[metric], linestyle="--", color="gray", label="naive (0%)")
@@ -224,7 +293,8 @@ def _panel(ax, rows: list[dict], metric: str) -> None:
     if metric == "kl":  # lower is better; spans decades
         ax.set_yscale("log")
     else:  # agreement: zoom in when every arm agrees often (differences of one prompt show)
-        low = min((s[metric] for s in rows if s[metric] is not None), default=0.0)
+        low = min((s.get(f"{metric}_lo") or s[metric] for s in rows if s[metric] is not None),
+                  default=0.0)
         ax.set_ylim(max(0.0, math.floor((low - 0.05) * 20) / 20) - 0.01, 1.01)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

@@ -8,7 +8,10 @@
   copied into the repository), subsets interleaved;
 - `random`: noise images with a generic question and no answer (for random-weight models);
 - `reading` or `reading:SEED`: invented facts in 3–4 short documents and one question
-  (vlcache.workloads.reading; documents instead of images, so text-only models can run it).
+  (vlcache.workloads.reading; documents instead of images, so text-only models can run it);
+- `hard` or `hard:SEED`: hard cases over 2–6 documents of ~45–230 tokens
+  (vlcache.workloads.hard): question before/between/after, reordered, look-alike, multi-hop,
+  refer.
 
 Large images are scaled down to at most `max_image_tokens` image tokens, to keep CPU runs short.
 """
@@ -134,8 +137,14 @@ def load_examples(spec: str, limit: int = 48, mme: str | Path | None = None,
         if arg and not arg.isdigit():
             raise ValueError(f"reading takes an integer seed, got {arg!r}")
         return load_reading(limit, int(arg) if arg else 7)
-    raise ValueError(f"unknown data set {spec!r}: expected synthetic, mme[:SUBSET,...], random "
-                     "or reading[:SEED]")
+    if name == "hard":
+        from vlcache.workloads.hard import DEFAULT_SEED, load_hard
+
+        if arg and not arg.isdigit():
+            raise ValueError(f"hard takes an integer seed, got {arg!r}")
+        return load_hard(limit, int(arg) if arg else DEFAULT_SEED)
+    raise ValueError(f"unknown data set {spec!r}: expected synthetic, mme[:SUBSET,...], random, "
+                     "reading[:SEED] or hard[:SEED]")
 
 
 def describe(spec: str, examples: list[Example]) -> dict:
