@@ -16,6 +16,11 @@ FORMATS = (1, 2)
 RULES = ("first", "query", "oracle")
 
 
+def tokens_for(ratio: float, num_tokens: int) -> int:
+    """How many of a segment's N tokens a ratio r computes: ceil(r·N), r·N's float noise aside."""
+    return min(num_tokens, math.ceil(ratio * num_tokens - 1e-9))
+
+
 @dataclass(frozen=True)
 class Plan:
     """Per-layer recompute ratios r_1 >= r_2 >= ... >= r_L, each in [0, 1], and the ranking
@@ -73,7 +78,7 @@ class Plan:
 
     def tokens_at(self, layer: int, num_tokens: int) -> int:
         """How many of an image's N tokens (in position order) layer `layer` computes."""
-        return min(num_tokens, math.ceil(self.ratios[layer] * num_tokens - 1e-9))
+        return tokens_for(self.ratios[layer], num_tokens)
 
     def to_json(self) -> str:
         start = {"start_layer": self.start_layer} if self.start_layer else {}

@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from vlcache.engine import Engine
-from vlcache.plan import Plan
+from vlcache.plan import Plan, tokens_for
 from vlcache.planner.allocate import grid_levels
 from vlcache.reuse.policy import LayerProbe, Policy, TokenSchedule
 from vlcache.workloads.cases import Case, prime
@@ -37,7 +37,7 @@ NOT_MEASURED = math.inf
 
 def group_start(group: int, levels: int, num_tokens: int) -> int:
     """First token of `group` on a grid of `levels` groups (Plan.tokens_at's rounding)."""
-    return min(num_tokens, math.ceil(group / levels * num_tokens - 1e-9))
+    return tokens_for(group / levels, num_tokens)
 
 
 class _BlockSchedule(TokenSchedule):

@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from vlcache.plan import tokens_for
 from vlcache.reuse.policy import LayerProbe, Policy, TokenSchedule
 
 
@@ -40,7 +41,7 @@ class DeviationSchedule(TokenSchedule):
 
 
 def _tokens(ratio: float, n: int) -> int:
-    return min(n, math.ceil(ratio * n - 1e-9))
+    return tokens_for(ratio, n)
 
 
 def _check_ratio(name: str, ratio: float) -> None:

@@ -18,7 +18,6 @@ The result equals running the engine's `naive` prefill with the modified cache e
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from vlcache.models.adapter import QwenVLAdapter
+from vlcache.plan import tokens_for
 from vlcache.reuse.rope import apply_rope
 
 KV = tuple[torch.Tensor, torch.Tensor]  # keys, values
@@ -125,7 +125,7 @@ def _variants_at(layer: int, trace: _Trace, probe: ProbeInputs, ratios: list[flo
         rows = slice(start, start + n)
         k, v = _rotated(exact, layer, cos[rows], sin[rows])
         for j, r in enumerate(ratios):
-            top = order[:min(n, math.ceil(r * n - 1e-9))]
+            top = order[:tokens_for(r, n)]
             keys[j, start + top], values[j, start + top] = k[top], v[top]
     return keys, values
 

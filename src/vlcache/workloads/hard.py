@@ -35,7 +35,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlcache.workloads.cases import Case
-from vlcache.workloads.reading import ANIMALS, CACHE_QUESTION, CACHE_SYSTEM, COLOURS, JOBS, _name
+from vlcache.workloads.reading import (
+    ANIMALS,
+    CACHE_SYSTEM,
+    COLOURS,
+    JOBS,
+    _name,
+    cached_alone,
+    document_part,
+    text_part,
+)
 
 KINDS = ("after", "before", "between", "reorder", "lookalike", "multihop", "refer")
 DEFAULT_SEED = 24
@@ -487,41 +496,28 @@ def _mayor(doc: Doc) -> str:
 
 # --- cases -------------------------------------------------------------------------------------
 
-def _document(text: str) -> dict[str, Any]:
-    return {"type": "document", "text": text}
-
-
-def _text(text: str) -> dict[str, Any]:
-    return {"type": "text", "text": text}
-
-
-def _cached_alone(text: str) -> list[dict[str, Any]]:
-    return [{"role": "system", "content": CACHE_SYSTEM},
-            {"role": "user", "content": [_text(CACHE_QUESTION), _document(text)]}]
-
-
 def _cached_together(texts: tuple[str, ...]) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = [_text(CACHE_TOGETHER)]
+    parts: list[dict[str, Any]] = [text_part(CACHE_TOGETHER)]
     for k, text in enumerate(texts):
-        parts += [_text(f"\n[{k + 1}] "), _document(text)]
+        parts += [text_part(f"\n[{k + 1}] "), document_part(text)]
     return [{"role": "system", "content": CACHE_SYSTEM}, {"role": "user", "content": parts}]
 
 
 def make_case(ex: HardExample) -> Case:
-    ask = _text(f"\nQuestion: {ex.question} {INSTRUCTION}")
+    ask = text_part(f"\nQuestion: {ex.question} {INSTRUCTION}")
     split = len(ex.docs) // 2 if ex.kind == "between" else len(ex.docs)
-    parts: list[dict[str, Any]] = [_text("Documents:")]
+    parts: list[dict[str, Any]] = [text_part("Documents:")]
     if ex.kind == "before":
-        parts = [_text(f"Question: {ex.question} {INSTRUCTION}\nDocuments:")]
+        parts = [text_part(f"Question: {ex.question} {INSTRUCTION}\nDocuments:")]
     for k, text in enumerate(ex.docs):
         if k == split:
             parts.append(ask)
-        parts += [_text(f"\n[{k + 1}] "), _document(text)]
+        parts += [text_part(f"\n[{k + 1}] "), document_part(text)]
     if ex.kind != "before" and split == len(ex.docs):
         parts.append(ask)
     messages = [{"role": "system", "content": EVAL_SYSTEM}, {"role": "user", "content": parts}]
     cache = ([_cached_together(ex.cached_together)] if ex.cached_together is not None
-             else [_cached_alone(t) for t in ex.docs])
+             else [cached_alone(t) for t in ex.docs])
     return Case(messages, cache, ex.answer, ex.kind, ex.source)
 
 

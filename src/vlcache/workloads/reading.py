@@ -153,17 +153,17 @@ def load_reading(limit: int, seed: int = 7) -> list[ReadingExample]:
     return [make_example(seed, i) for i in range(limit)]
 
 
-def _document(text: str) -> dict[str, Any]:
+def document_part(text: str) -> dict[str, Any]:
     return {"type": "document", "text": text}
 
 
-def _text(text: str) -> dict[str, Any]:
+def text_part(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 
-def _cached_alone(text: str) -> list[dict[str, Any]]:
+def cached_alone(text: str) -> list[dict[str, Any]]:
     return [{"role": "system", "content": CACHE_SYSTEM},
-            {"role": "user", "content": [_text(CACHE_QUESTION), _document(text)]}]
+            {"role": "user", "content": [text_part(CACHE_QUESTION), document_part(text)]}]
 
 
 def make_case(kind: str, ex: ReadingExample) -> Case:
@@ -183,13 +183,13 @@ def make_case(kind: str, ex: ReadingExample) -> Case:
         texts = [pointer, target.anaphoric, *[ex.docs[i].named for i in others[1:]]]
     ask = f"{ex.fact.question} {INSTRUCTION}"
     parts: list[dict[str, Any]] = [
-        _text(f"Question: {ask}\nDocuments:" if kind == "before" else "Documents:")]
+        text_part(f"Question: {ask}\nDocuments:" if kind == "before" else "Documents:")]
     for k, text in enumerate(texts):
-        parts += [_text(f"\n[{k + 1}] "), _document(text)]
+        parts += [text_part(f"\n[{k + 1}] "), document_part(text)]
     if kind != "before":
-        parts.append(_text(f"\nQuestion: {ask}"))
+        parts.append(text_part(f"\nQuestion: {ask}"))
     messages = [{"role": "system", "content": EVAL_SYSTEM}, {"role": "user", "content": parts}]
-    return Case(messages, [_cached_alone(t) for t in texts], ex.answer, kind, ex.source)
+    return Case(messages, [cached_alone(t) for t in texts], ex.answer, kind, ex.source)
 
 
 def build_cases(examples: list[ReadingExample], kinds: tuple[str, ...] = KINDS) -> list[Case]:
