@@ -288,6 +288,11 @@ def _panel(ax, rows: list[dict], metric: str) -> None:
         if s["budget"] is None and s["family"] in {"naive"}:
             ax.axhline(s[metric], linestyle="--", color="gray", label="naive (0%)")
     ax.set_xscale("log")
+    from matplotlib.ticker import NullFormatter, PercentFormatter
+
+    ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax.xaxis.set_minor_formatter(NullFormatter())  # less than a decade: no crowded minor labels
+    ax.set_xticks([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0])
     ax.set_xlabel("computed share of reused segment token-layers (measured)")
     ax.set_ylabel(metric)
     if metric == "kl":  # lower is better; spans decades

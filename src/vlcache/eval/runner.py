@@ -57,9 +57,10 @@ class Row:
     answer: str
     margin: float  # full's first-token p(top-1) − p(top-2), the same for every arm of a case
     escalated: bool = False  # guard: recomputed every reused token after its base pass
-    seconds: float = 0.0  # the arm's wall time: prefill (relevance pass included) and an equal
-    # share of the prompt's agreement pass (full: caching the segments in their other
-    # contexts, its prefill and greedy decoding), so a prompt's rows add up to its time
+    seconds: float = 0.0  # the arm's cost as if run alone: its prefill (relevance pass
+    # included; a guard's shared base run and recompute counted in each guard that shares them)
+    # and an equal share of the prompt's agreement pass; full: caching the segments in their
+    # other contexts, its prefill and greedy decoding
     select_s: float = 0.0  # of which the relevance pass (query, guard)
 
     def as_dict(self) -> dict:
