@@ -33,7 +33,8 @@ async def call(c: openai.AsyncOpenAI, body: dict) -> tuple[int, dict]:
               "finish": finish in ("stop", "length"),
               "length": usage.completion_tokens <= body["max_tokens"],
               "total": usage.total_tokens == usage.prompt_tokens + usage.completion_tokens,
-              "cached": usage.prompt_tokens_details.cached_tokens <= cache["image_tokens"],
+              # reused image tokens and, with the block prefix cache, a repeated prompt's start
+              "cached": usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens,
               "images": cache["images_hit"] + cache["images_missed"] == cache["images"]}
     return 200, {"invalid": [k for k, ok in checks.items() if not ok],
                  "cached": usage.prompt_tokens_details.cached_tokens,

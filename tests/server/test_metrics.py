@@ -48,7 +48,7 @@ def test_scrape_does_not_count_the_store(checkpoint):
         assert r.status_code == 200
         took, values = _scrape(base)
     assert took < SLOW_S / 2, f"/metrics took {took:.2f} s"
-    assert values["vlcache_store_entries"] == 1
+    assert values["vlcache_store_entries"] == engine.store.usage.entries >= 1
     assert values["vlcache_store_bytes"] == engine.store.usage.bytes > 0
 
 
