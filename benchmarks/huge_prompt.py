@@ -13,22 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import torch
-import uvicorn
 
 from vlcache.engine import Engine
 from vlcache.models.synthetic import TINY, save_checkpoint
 from vlcache.server import ServerConfig, create_app
+from vlcache.server.local import serve_in_thread
 
 SMALL = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
 HUGE = {
@@ -39,22 +36,8 @@ HUGE = {
 }
 
 
-@contextmanager
-def serve(engine: Engine) -> Iterator[str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    app = create_app(engine, ServerConfig("tiny"))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+def serve(engine: Engine):
+    return serve_in_thread(create_app(engine, ServerConfig("tiny")))
 
 
 def small(http: httpx.Client) -> float:

@@ -15,24 +15,21 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import torch
-import uvicorn
 from store_throughput import redis_url
 
 from vlcache.engine import Engine
 from vlcache.entry import ImageEntry
 from vlcache.models.synthetic import TINY, save_checkpoint
 from vlcache.server import ServerConfig, create_app
+from vlcache.server.local import serve_in_thread
 from vlcache.stores import codec
 from vlcache.stores.redis import RedisStore
 
@@ -62,21 +59,8 @@ def fill(store: RedisStore, count: int) -> float:
     return time.perf_counter() - t
 
 
-@contextmanager
-def serve(engine: Engine, config: ServerConfig) -> Iterator[str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, config), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+def serve(engine: Engine, config: ServerConfig):
+    return serve_in_thread(create_app(engine, config))
 
 
 def timed(fn: Callable[[], object], n: int) -> list[float]:

@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import base64
 import io
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import openai
 import pytest
 import torch
-import uvicorn
 from PIL import Image
 
 from tests.conftest import random_image
 from vlcache.engine import Engine, Limits
 from vlcache.models.synthetic import TINY, save_checkpoint
 from vlcache.server import ServerConfig, create_app
+from vlcache.server.local import serve_in_thread
 
 MODEL = "tiny"
 
@@ -39,29 +36,9 @@ def checkpoint(tmp_path_factory) -> Path:
     return save_checkpoint(tmp_path_factory.mktemp("server-model"), TINY["qwen2_5_vl"], seed=0)
 
 
-@contextmanager
-def live_server(engine, config: ServerConfig | None = None, app=None) -> Iterator[str]:
+def live_server(engine, config: ServerConfig | None = None, app=None):
     """Runs `app` or `create_app(engine, config)` under uvicorn; yields its base URL."""
-    app = app or create_app(engine, config)
-    # asyncio sets TCP_NODELAY only on sockets whose proto says TCP; without it every answer
-    # waits ~40 ms for a delayed ACK (uvicorn's own host/port sockets have it)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
-                                           timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    return serve_in_thread(app or create_app(engine, config))
 
 
 ServerFactory = Callable[..., str]
