@@ -75,11 +75,15 @@ class BlockCache:
         self.device, self.dtype = device, dtype
         self.max_tokens = max_tokens  # blocks are cached up to this row of a prompt
 
-    def lookup(self, prompt: Prompt) -> PrefixHit | None:
-        """The longest run of cached blocks from the start (never the prompt's last row, whose
-        logits the request needs), cut back so that no segment straddles its end."""
+    def keys(self, prompt: Prompt) -> list[str]:
+        """The keys of every block this engine may cache of `prompt` (never its last row,
+        whose logits the request needs; not past the size cap)."""
         limit = min(prompt.input_ids.shape[0] - 1, self.max_tokens) // BLOCK
-        keys = block_keys(prompt, self.model, limit)
+        return block_keys(prompt, self.model, limit)
+
+    def lookup(self, prompt: Prompt, keys: list[str]) -> PrefixHit | None:
+        """The longest run of cached blocks from the start (`keys` from `self.keys`), cut back
+        so that no segment straddles its end."""
         held = self.cache.store.contains_many(keys) if keys else []
         count = next((i for i, h in enumerate(held) if not h), len(held))
         count = covered(prompt, count * BLOCK) // BLOCK
@@ -101,11 +105,10 @@ class BlockCache:
         end = min(exact_end, prompt.input_ids.shape[0] - 1, self.max_tokens) // BLOCK * BLOCK
         return (start, end) if end > start else None
 
-    def entries(self, prompt: Prompt, rows: tuple[int, int],
+    def entries(self, keys: list[str], rows: tuple[int, int],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> list[tuple[str, ImageEntry]]:
         """Block entries (host tensors, the store's dtype) from the captured rows' KV."""
         start, end = rows
-        keys = block_keys(prompt, self.model, end // BLOCK)
         out = []
         for j in range(start // BLOCK, end // BLOCK):
             a = j * BLOCK - start

@@ -351,7 +351,8 @@ class Engine:
                              image_tokens=sum(im.num_tokens for im in prompt.images),
                              documents=len(prompt.segments) - len(prompt.images))
         with torch.inference_mode():
-            hit = self._prefix_hit(prompt, policy, stats)
+            block_keys = self.blocks.keys(prompt) if self.blocks and policy.reuse_kv else []
+            hit = self._prefix_hit(prompt, block_keys, stats)
             view = Prompt(prompt.input_ids, after(prompt, hit.length)) if hit else prompt
             lookup = self.cache.lookup(view, policy, stats)
             encoded = encode_images(self.adapter, view, lookup, stats)
@@ -377,17 +378,17 @@ class Engine:
                                              stored_contexts(view, segments, contexts),
                                              lookup.held)
         if blocks is not None and out.captured_rows is not None:
-            run.pending += self.blocks.entries(prompt, blocks, out.captured_rows)
+            run.pending += self.blocks.entries(block_keys, blocks, out.captured_rows)
         stats.ttft_s = time.perf_counter() - start
         return run
 
-    def _prefix_hit(self, prompt: Prompt, policy: Policy, stats: RequestStats
+    def _prefix_hit(self, prompt: Prompt, block_keys: list[str], stats: RequestStats
                     ) -> PrefixHit | None:
-        """The cached exact prefix of this prompt, where the policy reuses KV at all."""
-        if self.blocks is None or not policy.reuse_kv:
+        """The cached exact prefix of this prompt (no keys: the policy reuses no KV)."""
+        if not block_keys:
             return None
         t = time.perf_counter()
-        hit = self.blocks.lookup(prompt)
+        hit = self.blocks.lookup(prompt, block_keys)
         stats.load_s += time.perf_counter() - t
         stats.prefix_tokens_reused = hit.length if hit else 0
         return hit
@@ -411,9 +412,11 @@ class Engine:
         stay reused)."""
         prefix = (hit.keys, hit.values) if hit else None
         spans = [(0, hit.length)] if hit else []
-        probe = question_rows(prompt.input_ids,
-                              spans + [(sp.start, sp.num_tokens) for sp in prompt.segments],
-                              self.turn_ids).to(embeds.device)
+        probe = None  # the question's rows: only a query-ranked schedule reads them
+        if any(s.reused and s.schedule.relevance_depth for s in segments):
+            probe = question_rows(prompt.input_ids,
+                                  spans + [(sp.start, sp.num_tokens) for sp in prompt.segments],
+                                  self.turn_ids).to(embeds.device)
 
         def prefill() -> PrefillOutput:
             return selective_prefill(self.adapter, embeds, positions, segments,
