@@ -204,12 +204,15 @@ def evaluate(engine: Engine, halves: list[Half], log: RowLog | None = None,
                 for half in halves for i, case in enumerate(half.cases)}
     done = ({key: [Row.from_dict(d) for d in rows] for key, rows in log.read(expected).items()}
             if log is not None else {})
-    todo = [(half, i, case) for half in halves for i, case in enumerate(half.cases)
-            if (half.split, i) not in done]
+    # the halves taken in turn (prompt 0 of each, then 1, ...): a run stopped part way has
+    # evaluated both, the held-out half included
+    todo = sorted(((h, half, i, case) for h, half in enumerate(halves)
+                   for i, case in enumerate(half.cases) if (half.split, i) not in done),
+                  key=lambda t: (t[2], t[0]))
     total = sum(len(half.cases) for half in halves)
     with tqdm(total=total, initial=total - len(todo), desc="evaluating", unit="prompt",
               disable=not progress, smoothing=0.1) as bar:
-        for half, i, case in todo:
+        for _, half, i, case in todo:
             rows = evaluate_case(engine, case, half.arms, half.split, i)
             if log is not None:
                 log.append([row.as_dict() for row in rows])
