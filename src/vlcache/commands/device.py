@@ -14,6 +14,10 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
                    help="cpu | cuda | cuda:N (default: cuda when a GPU is visible, else cpu)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="weights and activations (default: bf16 on CUDA, fp32 on the CPU)")
+    p.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
+                   help="decoder weights packed for oneDNN, 1.2-2x faster for a few rows "
+                        "(a repeated prompt's tail, a moved image, decoding); default: on where "
+                        "the CPU build supports it; --no-pack keeps PyTorch's plain matmuls")
 
 
 def device_and_dtype(args: argparse.Namespace) -> tuple[str, torch.dtype]:

@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         device, dtype = device_and_dtype(args)
         engine = Engine.from_pretrained(args.model, store=args.store,
                                         policy=args.policy or DEFAULT_POLICY,
-                                        dtype=dtype, device=device, limits=limits)
+                                        dtype=dtype, device=device, limits=limits,
+                                        packed=args.pack)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache serve: {e}", file=sys.stderr)
         return 2

@@ -99,7 +99,11 @@ class Engine:
     def __init__(self, adapter: DecoderAdapter, tokenizer, image_processor,
                  store: Store | str | None = None, policy: Policy | Plan | str = DEFAULT_POLICY,
                  kv_dtype: torch.dtype | None = None, limits: Limits | None = None,
-                 capture_hidden_at: int | None = None, exact_hits: bool = True) -> None:
+                 capture_hidden_at: int | None = None, exact_hits: bool = True,
+                 packed: bool | None = None) -> None:
+        # oneDNN-packed decoder weights (models/packing.py): None packs where the build can
+        # (the CPU, fp32 or bf16); True insists; False keeps PyTorch's plain matmuls.
+        self.packed = adapter.pack_weights(required=bool(packed)) if packed is not False else False
         self.adapter = adapter
         self.tokenizer = tokenizer
         self.image_processor = image_processor
@@ -132,7 +136,7 @@ class Engine:
                         **kwargs: Any) -> Engine:
         """An engine over a local checkpoint directory or .gguf file. `device`: "cpu", "cuda"
         or "cuda:N" (default: cuda when available, else cpu); `dtype` defaults to bfloat16 on
-        CUDA and float32 on the CPU."""
+        CUDA and float32 on the CPU; `packed` (in kwargs) as for the constructor."""
         from vlcache.models.loading import default_device, default_dtype, load_checkpoint
 
         device = device or default_device()

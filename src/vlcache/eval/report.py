@@ -206,8 +206,13 @@ def summary_markdown(rows: list[Row], budgets: list[float]) -> str:
 def read_rows(path: Path) -> list[Row]:
     """Rows back from a `rows.jsonl` or `rows.csv` written by `vlcache eval`."""
     if path.suffix == ".jsonl":
-        return [Row.from_dict(json.loads(line)) for line in path.read_text().splitlines()
+        rows = [Row.from_dict(json.loads(line)) for line in path.read_text().splitlines()
                 if line.strip()]
+        # the log holds prompts in the order they finished; the report's order (and so its
+        # bootstrap draws) is that of `vlcache eval`'s own result: split by split, prompt by
+        # prompt (a stable sort keeps each prompt's rows in their order)
+        order = {split: i for i, split in enumerate(SPLIT_TITLES)}
+        return sorted(rows, key=lambda r: (order.get(r.split, len(order)), r.split, r.case))
 
     def flag(s: str) -> bool | None:
         return None if s == "" else s == "True"

@@ -177,7 +177,11 @@ class _Guards:
     def ran(self, policy: Policy, runs: dict[str, tuple[PrefillRun, float]]) -> None:
         run, seconds = runs[policy.name]
         if isinstance(policy, GuardPolicy) and run.stats.escalated and policy.base.name in runs:
-            self.escalated = run, max(seconds - runs[policy.base.name][1], 0.0)
+            base = runs[policy.base.name][1]
+            self.escalated = run, max(seconds - base, 0.0)
+            # this guard's time as the others sharing its run count theirs (its base's time
+            # plus the recompute), so a noisy clock cannot make it cheaper than its base
+            runs[policy.name] = run, base + self.escalated[1]
 
 
 def _row(case: Case, split: str, index: int, arm: Arm, run: PrefillRun, agreement: Agreement,

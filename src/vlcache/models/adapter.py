@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from vlcache.keys import ModelFingerprint
 
@@ -59,6 +60,23 @@ class DecoderAdapter:
         self.qk_norm: bool = hasattr(attn, "k_norm")
         self.dtype: torch.dtype = next(model.parameters()).dtype
         self.device: torch.device = next(model.parameters()).device
+        self.packed: bool = False  # decoder projections packed for oneDNN (pack_weights)
+
+    def pack_weights(self, required: bool = False) -> bool:
+        """Pack the decoder layers' projections for oneDNN where this build can (the CPU,
+        fp32/bf16); -> whether they are packed. `required`: raise where it cannot."""
+        from vlcache.models.packing import can_pack, pack_decoder_layers
+
+        if self.packed:
+            return True
+        if not can_pack(self.device, self.dtype):
+            if required:
+                raise ValueError(f"packed weights need the CPU, fp32 or bf16 and oneDNN; "
+                                 f"this model is {self.dtype} on {self.device}")
+            return False
+        pack_decoder_layers(self.layers)
+        self.packed = True
+        return True
 
     def positions(
         self,
@@ -94,14 +112,30 @@ class DecoderAdapter:
     ) -> torch.Tensor:  # [c, H]
         """Output projection, residual, post-attention norm, MLP, residual."""
         block = self.layers[layer]
-        h = x + block.self_attn.o_proj(attn_out)
-        return h + block.mlp(block.post_attention_layernorm(h))
+        h = block.self_attn.o_proj(attn_out).add_(x)
+        return _mlp(block.mlp, block.post_attention_layernorm(h)).add_(h)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:  # [c, H] -> [c, V]
         return self.lm_head(self.norm(h)).float()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [S] -> [S, H]
         return self.embed_tokens(input_ids.to(self.device))
+
+
+SILU_CLASSES = {"SiLU", "SiLUActivation"}  # torch's and transformers' (F.silu in both)
+
+
+def _mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:  # [c, H] -> [c, H]
+    """The gated MLP (gate, up, down projections) as the model computes it, with the activation
+    and the product done in place: two fewer [c, intermediate] tensors a layer. Other MLPs run
+    as they are."""
+    gate, up, down = (getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
+    act = getattr(mlp, "act_fn", None)
+    if gate is None or up is None or down is None or act is None:
+        return mlp(x)
+    a = gate(x)  # [c, I]
+    a = F.silu(a, inplace=True) if type(act).__name__ in SILU_CLASSES else act(a)
+    return down(a.mul_(up(x)))
 
 
 class TextAdapter(DecoderAdapter):

@@ -6,9 +6,10 @@ policy picked inside each reused segment. A single boolean mask over all of them
 and costs more memory than the whole miss. Instead the rows are attended block by block:
 
 - a contiguous run that starts at position 0 is plain causal attention;
-- a contiguous run that starts at position `a` (a <= its length) is causal attention over keys
-  [0, a + n) with `a` zero query rows in front, whose outputs are dropped: exact, and the wasted
-  work is at most the a x a triangle;
+- a contiguous run that starts at position `a` is, on the CPU, unmasked attention over keys
+  [0, a) merged (by log-sum-exp) with causal attention over its own keys; elsewhere, where
+  a <= its length, causal attention over keys [0, a + n) with `a` zero query rows in front,
+  whose outputs are dropped (exact; the wasted work is at most the a x a triangle);
 - anything else (a short run far into the sequence, the rows picked inside a segment) is masked,
   in chunks of rows small enough that each mask stays a few megabytes.
 """
@@ -21,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 MASK_ELEMENTS = 1 << 22  # per masked chunk: rows x keys (4M booleans, 16 MB as float)
+aten = torch.ops.aten  # (a seam for the tests' spies)
+MERGED_DEVICES = {"cpu"}  # where late runs merge two attentions by log-sum-exp (CPU flash op)
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,12 @@ def attend_blocks(
         qb = q[b.row:b.row + b.count]
         if b.positions is None and b.first == 0:
             out[b.row:b.row + b.count] = _causal(qb, k[:b.key_end], v[:b.key_end], scale)
+        elif b.positions is None and q.device.type in MERGED_DEVICES:
+            out[b.row:b.row + b.count] = _late_merged(qb, k[:b.key_end], v[:b.key_end],
+                                                      b.first, scale)
         elif b.positions is None and b.first <= b.count:
-            padded = torch.cat([qb.new_zeros(b.first, *qb.shape[1:]), qb])  # [first+n, nh, d]
-            full = _causal(padded, k[:b.key_end], v[:b.key_end], scale)
-            out[b.row:b.row + b.count] = full[b.first:]
+            out[b.row:b.row + b.count] = _late_padded(qb, k[:b.key_end], v[:b.key_end],
+                                                      b.first, scale)
         else:
             positions = b.positions if b.positions is not None else torch.arange(
                 b.first, b.key_end, device=q.device)
@@ -78,6 +83,31 @@ def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     out = F.scaled_dot_product_attention(_heads_first(q), _heads_first(k), _heads_first(v),
                                          is_causal=True, scale=scale, enable_gqa=True)
     return out[0].transpose(0, 1)
+
+
+def _late_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int,
+                 scale: float) -> torch.Tensor:
+    """Rows at positions first..first+n-1 over keys 0..first+n-1 ([n, nh, d]): causal
+    attention with `first` zero query rows in front, their outputs dropped."""
+    padded = torch.cat([q.new_zeros(first, *q.shape[1:]), q])  # [first+n, nh, d]
+    return _causal(padded, k, v, scale)[first:]
+
+
+def _late_merged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int,
+                 scale: float) -> torch.Tensor:
+    """The same rows as `_late_padded`, without its wasted triangle (CPU): unmasked
+    attention over keys [0, first) and causal attention over the run's own keys, each with its
+    log-sum-exp, merged as one softmax over both."""
+    flash = aten._scaled_dot_product_flash_attention_for_cpu
+    qh, kh, vh = _heads_first(q), _heads_first(k), _heads_first(v)
+    own, own_lse = flash(qh, kh[:, :, first:], vh[:, :, first:], 0.0, True, scale=scale)[:2]
+    if first == 0:
+        return own[0].transpose(0, 1)
+    pre, pre_lse = flash(qh, kh[:, :, :first], vh[:, :, :first], 0.0, False, scale=scale)[:2]
+    top = torch.maximum(own_lse, pre_lse)  # [1, nh, n]
+    w_own, w_pre = torch.exp(own_lse - top), torch.exp(pre_lse - top)
+    merged = (own * w_own[..., None] + pre * w_pre[..., None]) / (w_own + w_pre)[..., None]
+    return merged[0].transpose(0, 1)  # [n, nh, d]
 
 
 def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
