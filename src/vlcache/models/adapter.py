@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from vlcache.keys import ModelFingerprint
+from vlcache.models.patch_embed import patch_conv_as_linear
 
 SUPPORTED_ARCHITECTURES = {
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
@@ -156,6 +157,7 @@ class QwenVLAdapter(DecoderAdapter):
             raise ValueError(f"unsupported architecture {config.model_type!r}")
         super().__init__(model, model.model.language_model, config.text_config, fingerprint)
         self.visual = model.model.visual
+        patch_conv_as_linear(self.visual)  # the same products as its Conv3d, ~10x faster on CPU
         self.image_token_id = config.image_token_id
         self.vision_start_id: int = config.vision_start_token_id
         self.vision_end_id: int = config.vision_end_token_id
