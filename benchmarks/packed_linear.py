@@ -1,0 +1,66 @@
+"""One decoder layer's seven projections at several row counts: PyTorch's plain `linear` against
+the oneDNN-packed weights the engine uses on the CPU (models/packing.py), alternated in one
+process (one thread), medians and the median of per-round ratios.
+
+    .venv/bin/python benchmarks/packed_linear.py --hidden 896 --intermediate 4864 --kv 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from vlcache.models.packing import PackedLinear, can_pack
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hidden", type=int, default=896)  # the fixture's (Qwen2.5-0.5B) sizes
+    p.add_argument("--intermediate", type=int, default=4864)
+    p.add_argument("--kv", type=int, default=128, help="K and V projection widths")
+    p.add_argument("--rows", default="1,4,12,28,70,256,1052,2061")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    if not can_pack("cpu", dtype):
+        raise SystemExit(f"this PyTorch build cannot pack {args.dtype} weights for oneDNN")
+    h, i, kv = args.hidden, args.intermediate, args.kv
+    shapes = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)]  # q k v o gate up down
+    gen = torch.Generator().manual_seed(0)
+    plain = [torch.nn.Linear(n_in, n_out, bias=False).to(dtype) for n_out, n_in in shapes]
+    for lin in plain:
+        lin.weight.data = (torch.randn(lin.weight.shape, generator=gen) / 30).to(dtype)
+    packed = [PackedLinear(lin) for lin in plain]
+    print(f"CPU: {platform.processor() or platform.machine()}; torch {torch.__version__}; "
+          f"{args.dtype}; {torch.get_num_threads()} thread(s); q,k,v,o,gate,up,down of "
+          f"hidden {h}, intermediate {i}, k/v {kv}; {args.rounds} rounds alternated\n")
+    print("| rows | plain ms | packed ms | plain / packed (median of rounds) | max abs diff |")
+    print("|---:|---:|---:|---:|---:|")
+    with torch.inference_mode():
+        for m in (int(r) for r in args.rows.split(",")):
+            xs = [torch.randn(m, lin.in_features, generator=gen).to(dtype) for lin in plain]
+            times: dict[str, list[float]] = {"plain": [], "packed": []}
+            for _ in range(args.rounds + 1):  # the first round warms up, not counted
+                for name, mods in (("plain", plain), ("packed", packed)):
+                    start = time.perf_counter()
+                    for x, mod in zip(xs, mods, strict=True):
+                        mod(x)
+                    times[name].append(time.perf_counter() - start)
+            a, b = times["plain"][1:], times["packed"][1:]
+            diff = max((F.linear(x, lin.weight) - pk(x)).abs().max().item()
+                       for x, lin, pk in zip(xs, plain, packed, strict=True))
+            ratio = statistics.median(x / y for x, y in zip(a, b, strict=True))
+            print(f"| {m} | {statistics.median(a) * 1e3:.2f} | {statistics.median(b) * 1e3:.2f} "
+                  f"| {ratio:.2f} | {diff:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
