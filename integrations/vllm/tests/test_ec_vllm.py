@@ -15,16 +15,17 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from peer.protocol import Worker
 
 REPO = Path(__file__).resolve().parents[3]
 WORKER = REPO / "integrations/vllm/benchmarks/ec_worker.py"
 FIXTURE = Path.home() / ".cache/vlcache/fixture-qwen2_5_vl-0.5b"
 ASK = {"op": "generate", "tokens": 256, "seed": 3, "max_tokens": 8}
-
-sys.path.insert(0, str(REPO / "benchmarks"))  # the `peer` package: its worker protocol
-from peer.protocol import Worker  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -55,6 +56,9 @@ def vllm_python() -> str:
 
 @pytest.fixture
 def start(vllm_python: str, tmp_path: Path) -> Iterator:
+    sys.path.insert(0, str(REPO / "benchmarks"))  # the `peer` package: its worker protocol
+    from peer.protocol import Worker
+
     workers: list[Worker] = []
     log = open(tmp_path / "vllm.log", "a")  # noqa: SIM115 - closed below
 

@@ -36,8 +36,8 @@ class Expected:
     widths: frozenset[int] = field(default_factory=frozenset)
 
     def problem(self, output: torch.Tensor) -> str | None:
-        if output.dim() != 2:
-            return f"shape {tuple(output.shape)} is not [tokens, width]"
+        if output.dim() < 2:
+            return f"shape {tuple(output.shape)} is not [tokens, ..., width]"
         if self.dtype is not None and output.dtype != self.dtype:
             return f"dtype {output.dtype}, the model gives {self.dtype}"
         if self.widths and output.shape[-1] not in self.widths:

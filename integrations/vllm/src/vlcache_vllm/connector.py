@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = init_logger("vllm.ec_connector.vlcache")
+SAVE_FIELDS = frozenset({"saves", "bytes_saved", "save_seconds"})
 
 
 @dataclass
@@ -131,7 +132,9 @@ class VlcacheECConnector(ECConnectorBase):
     def get_ec_connector_stats(self) -> ECConnectorStats | None:
         now = self.cache.metrics.snapshot()
         delta, self._reported = now.minus(self._reported), now
-        stats = VlcacheECStats(data=delta.as_dict())
+        # the scheduler only loads; saves happen on the workers and are not counted here
+        data = {k: v for k, v in delta.as_dict().items() if k not in SAVE_FIELDS}
+        stats = VlcacheECStats(data=data)
         return None if stats.is_empty() else stats
 
     @classmethod
