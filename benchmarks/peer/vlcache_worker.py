@@ -54,7 +54,7 @@ def main() -> None:
     send(channel, {"engine": "vlcache", "version": vlcache.__version__,
                    "torch": torch.__version__, "transformers": transformers.__version__,
                    "settings": {"policy": args.policy, "dtype": "float32", "device": "cpu",
-                                "packed weights": engine.packed,
+                                "packing": engine.packing,
                                 "store": args.store,
                                 "threads": f"torch.set_num_threads({args.threads}) -> "
                                            f"{torch.get_num_threads()}; OMP_NUM_THREADS="

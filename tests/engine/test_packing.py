@@ -1,5 +1,6 @@
 """oneDNN-packed decoder weights (the CPU default) change rounding only: the engine with them
-equals plain transformers with PyTorch's own matmuls, and the choice can be turned off."""
+equals plain transformers with PyTorch's own matmuls, in every packing, which can be turned
+off."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from tests.conftest import ARCHS, random_image, user
 from tests.engine.helpers import hf_greedy, hf_logits
 from vlcache.engine import Engine
+from vlcache.models import packing as packing_module
 from vlcache.models.packing import PackedLinear, can_pack
 
 pytestmark = pytest.mark.skipif(not can_pack("cpu", torch.float32),
@@ -20,12 +22,19 @@ def _decoder_linears(engine: Engine) -> list[torch.nn.Module]:
             if isinstance(m, (torch.nn.Linear, PackedLinear))]
 
 
+@pytest.mark.parametrize("mode", ["dual", "packed"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_packed_engine_equals_plain_transformers_at_a_moved_image(arch, tiny_checkpoints):
-    packed = Engine.from_pretrained(tiny_checkpoints[arch], policy="static:1.0")
-    plain = Engine.from_pretrained(tiny_checkpoints[arch], policy="static:1.0", packed=False)
-    assert packed.packed and not plain.packed
-    assert all(type(m) is PackedLinear for m in _decoder_linears(packed))
+def test_packed_engine_equals_plain_transformers_at_a_moved_image(arch, mode, tiny_checkpoints,
+                                                                   monkeypatch):
+    # dual: the tiny prompts' prefills (~60 rows) take the plain weights, the recomputed rows
+    # of a hit (2..15) the packed ones
+    monkeypatch.setattr(packing_module, "PLAIN_ROWS", 16)
+    packed = Engine.from_pretrained(tiny_checkpoints[arch], policy="static:1.0", packing=mode)
+    plain = Engine.from_pretrained(tiny_checkpoints[arch], policy="static:1.0", packing="off")
+    assert packed.packing == mode and plain.packing == "off"
+    linears = _decoder_linears(packed)
+    assert linears and all(type(m) is PackedLinear for m in linears)
+    assert all((m.weight is not None) == (mode == "dual") for m in linears)
     assert all(type(m) is torch.nn.Linear for m in _decoder_linears(plain))
     assert type(packed.adapter.lm_head) is torch.nn.Linear  # one row a step: left as it is
 
@@ -42,8 +51,31 @@ def test_packed_engine_equals_plain_transformers_at_a_moved_image(arch, tiny_che
     assert got and got == hf_greedy(plain, run.prompt, len(got))
 
 
-def test_packing_refused_where_it_cannot_run(tiny_checkpoints):
-    with pytest.raises(ValueError, match="packed weights need"):
-        Engine.from_pretrained(tiny_checkpoints[ARCHS[0]], dtype=torch.float16, packed=True)
-    engine = Engine.from_pretrained(tiny_checkpoints[ARCHS[0]], dtype=torch.float16)
-    assert not engine.packed  # the default packs only where it can
+def test_default_packing_and_refusals(tiny_checkpoints):
+    path = tiny_checkpoints[ARCHS[0]]
+    assert Engine.from_pretrained(path).packing == "dual"  # fp32 on the CPU
+    for mode in ("dual", "packed"):
+        with pytest.raises(ValueError, match="needs the CPU, fp32 or bf16"):
+            Engine.from_pretrained(path, dtype=torch.float16, packing=mode)
+    assert Engine.from_pretrained(path, dtype=torch.float16).packing == "off"  # auto: where it can
+    with pytest.raises(ValueError, match="one of auto, dual, packed, off"):
+        Engine.from_pretrained(path, packing="fast")
+
+
+def test_dual_sends_many_rows_to_the_plain_weight(monkeypatch):
+    lin = torch.nn.Linear(8, 4)
+    layer = PackedLinear(lin, plain_rows=3)
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    class Ops:  # torch.ops.mkldnn with the packed matmul spied on
+        def __getattr__(self, name):
+            if name == "_linear_pointwise":
+                return lambda *a: calls.append(a[0].shape[0]) or real(*a)
+            return getattr(torch.ops.mkldnn, name)
+
+    monkeypatch.setattr(packing_module, "mkldnn", Ops())
+    for rows in (1, 2, 3, 7):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(layer(x), lin(x), atol=1e-6, rtol=1e-6)
+    assert calls == [2]  # 1, 3 and 7 rows: the plain weight

@@ -74,7 +74,7 @@ def _set_full_attention(model: torch.nn.Module, every: int, depth: int) -> None:
 
 def random_engine(name: str, layers: int | None = None, seed: int = 0,
                   dtype: torch.dtype = torch.float32, store: str = "memory://",
-                  device: str = "cpu", packed: bool | None = None) -> tuple[Engine, ModelInfo]:
+                  device: str = "cpu", packing: str = "auto") -> tuple[Engine, ModelInfo]:
     """An engine over a random-weight model of the size `name` (see BENCH_SIZES)."""
     if name not in BENCH_SIZES:
         raise ValueError(f"unknown size {name!r}; known: {', '.join(sorted(BENCH_SIZES))}")
@@ -87,15 +87,15 @@ def random_engine(name: str, layers: int | None = None, seed: int = 0,
     info = ModelInfo(name, f"random weights, seed {seed}", spec.arch, spec.layers,
                      published.layers, spec.vision_depth, published.vision_depth, spec.hidden,
                      spec.heads, spec.kv_heads, adapter.head_dim, str(dtype).split(".")[-1])
-    return Engine(adapter, tokenizer, processor, store=store, packed=packed), info
+    return Engine(adapter, tokenizer, processor, store=store, packing=packing), info
 
 
 def checkpoint_engine(path: str | Path, dtype: torch.dtype = torch.float32,
-                      store: str = "memory://", device: str = "cpu", packed: bool | None = None
+                      store: str = "memory://", device: str = "cpu", packing: str = "auto"
                       ) -> tuple[Engine, ModelInfo]:
     """An engine over a local checkpoint directory."""
     engine = Engine.from_pretrained(path, store=store, dtype=dtype, device=device,
-                                    packed=packed)
+                                    packing=packing)
     a = engine.shape
     vision = engine.model.config.vision_config
     depth = int(getattr(vision, "depth", 0))

@@ -116,10 +116,10 @@ def _ttft(args: argparse.Namespace) -> int:
     device, dtype = device_and_dtype(args)
     if args.arch:
         engine, info = models.random_engine(args.arch, args.layers, args.seed, dtype,
-                                            device=device, packed=args.pack)
+                                            device=device, packing=args.packing)
     else:
         engine, info = models.checkpoint_engine(args.model, dtype, device=device,
-                                                packed=args.pack)
+                                                packing=args.packing)
     policies = _policies(args.policies, engine.num_layers)
     out = Path(args.out or f"docs/bench/ttft-{info.name}")
     out.parent.mkdir(parents=True, exist_ok=True)

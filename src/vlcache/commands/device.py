@@ -14,10 +14,11 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
                    help="cpu | cuda | cuda:N (default: cuda when a GPU is visible, else cpu)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="weights and activations (default: bf16 on CUDA, fp32 on the CPU)")
-    p.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
-                   help="decoder weights packed for oneDNN, 1.2-2x faster for a few rows "
-                        "(a repeated prompt's tail, a moved image, decoding); default: on where "
-                        "the CPU build supports it; --no-pack keeps PyTorch's plain matmuls")
+    p.add_argument("--packing", choices=("auto", "dual", "packed", "off"), default="auto",
+                   help="decoder weights packed for oneDNN (CPU), 1.2-2x faster for a few rows "
+                        "(a repeated prompt's tail, a moved image, decoding): dual also keeps "
+                        "the plain weights for many rows (twice the decoder's weight memory), "
+                        "packed does not; auto: dual for fp32, packed for bf16, off elsewhere")
 
 
 def device_and_dtype(args: argparse.Namespace) -> tuple[str, torch.dtype]:

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         device, dtype = device_and_dtype(args)
         engine = Engine.from_pretrained(args.model, store=args.store,
                                         policy=args.policy or DEFAULT_POLICY,
-                                        dtype=dtype, device=device, packed=args.pack)
+                                        dtype=dtype, device=device, packing=args.packing)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache generate: {e}", file=sys.stderr)
         return 2

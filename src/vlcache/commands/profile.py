@@ -44,7 +44,7 @@ def load_halves(args: argparse.Namespace):
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = device_and_dtype(args)
-    engine = Engine.from_pretrained(args.model, dtype=dtype, device=device, packed=args.pack)
+    engine = Engine.from_pretrained(args.model, dtype=dtype, device=device, packing=args.packing)
     examples = load_examples(args.data, args.limit, args.mme_root, args.max_image_tokens)
     documents = {"reading": reading, "hard": hard}.get(args.data.split(":")[0])
     build = documents.build_cases if documents else build_cases

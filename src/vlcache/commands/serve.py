@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine.from_pretrained(args.model, store=args.store,
                                         policy=args.policy or DEFAULT_POLICY,
                                         dtype=dtype, device=device, limits=limits,
-                                        packed=args.pack)
+                                        packing=args.packing)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache serve: {e}", file=sys.stderr)
         return 2

@@ -100,10 +100,9 @@ class Engine:
                  store: Store | str | None = None, policy: Policy | Plan | str = DEFAULT_POLICY,
                  kv_dtype: torch.dtype | None = None, limits: Limits | None = None,
                  capture_hidden_at: int | None = None, exact_hits: bool = True,
-                 packed: bool | None = None) -> None:
-        # oneDNN-packed decoder weights (models/packing.py): None packs where the build can
-        # (the CPU, fp32 or bf16); True insists; False keeps PyTorch's plain matmuls.
-        self.packed = adapter.pack_weights(required=bool(packed)) if packed is not False else False
+                 packing: str = "auto") -> None:
+        # oneDNN-packed decoder weights (models/packing.py): auto, dual, packed or off
+        self.packing = adapter.pack_weights(packing)
         self.adapter = adapter
         self.tokenizer = tokenizer
         self.image_processor = image_processor
@@ -136,7 +135,7 @@ class Engine:
                         **kwargs: Any) -> Engine:
         """An engine over a local checkpoint directory or .gguf file. `device`: "cpu", "cuda"
         or "cuda:N" (default: cuda when available, else cpu); `dtype` defaults to bfloat16 on
-        CUDA and float32 on the CPU; `packed` (in kwargs) as for the constructor."""
+        CUDA and float32 on the CPU; `packing` (in kwargs) as for the constructor."""
         from vlcache.models.loading import default_device, default_dtype, load_checkpoint
 
         device = device or default_device()

@@ -61,23 +61,18 @@ class DecoderAdapter:
         self.qk_norm: bool = hasattr(attn, "k_norm")
         self.dtype: torch.dtype = next(model.parameters()).dtype
         self.device: torch.device = next(model.parameters()).device
-        self.packed: bool = False  # decoder projections packed for oneDNN (pack_weights)
+        self.packing: str = "off"  # decoder projections packed for oneDNN (pack_weights)
 
-    def pack_weights(self, required: bool = False) -> bool:
-        """Pack the decoder layers' projections for oneDNN where this build can (the CPU,
-        fp32/bf16); -> whether they are packed. `required`: raise where it cannot."""
-        from vlcache.models.packing import can_pack, pack_decoder_layers
+    def pack_weights(self, mode: str = "auto") -> str:
+        """Pack the decoder layers' projections for oneDNN (models/packing.py): `auto`,
+        `dual`, `packed` or `off`; -> the packing the model has (once packed, it stays)."""
+        from vlcache.models.packing import PLAIN_ROWS, pack_decoder_layers, resolve_packing
 
-        if self.packed:
-            return True
-        if not can_pack(self.device, self.dtype):
-            if required:
-                raise ValueError(f"packed weights need the CPU, fp32 or bf16 and oneDNN; "
-                                 f"this model is {self.dtype} on {self.device}")
-            return False
-        pack_decoder_layers(self.layers)
-        self.packed = True
-        return True
+        resolved = resolve_packing(mode, self.device, self.dtype)
+        if self.packing == "off" and resolved != "off":
+            pack_decoder_layers(self.layers, PLAIN_ROWS if resolved == "dual" else None)
+            self.packing = resolved
+        return self.packing
 
     def positions(
         self,

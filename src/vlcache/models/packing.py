@@ -1,11 +1,17 @@
 """Decoder weights pre-packed for oneDNN on the CPU.
 
-PyTorch's plain CPU `linear` (MKL sgemm) is slow for a few rows: a repeated prompt's tail, a
-moved image's recomputed tokens or a decode step run 4–70 rows through every projection, where
-MKL takes 2–3× longer than oneDNN with weights reordered once, in its own blocked layout.
-For hundreds of rows both run at the core's peak (docs/bench/README.md, "Packed weights"). So the
-language model's projections are packed once after loading; their results differ from MKL's by
-rounding only (fp32: ~1e-6 relative; a different summation order).
+PyTorch's plain CPU `linear` (MKL sgemm) is slow for a few rows: a repeated prompt's tail or a
+moved image's recomputed tokens run 4–70 rows through every projection, where MKL takes up to
+2× longer than oneDNN with weights reordered once into its own blocked layout
+(docs/bench/README.md, "Packed weights"). So the language model's projections are packed once
+after loading; their results differ from MKL's by rounding only (fp32: ~1e-5 absolute on
+outputs of order 1; another summation order).
+
+MKL stays faster for one row (a decode step, ~10%) and for many (fp32: 6% on a 1,052-token miss,
+12% on 2,061 tokens of text end to end, fixture model, one thread), so the fp32 default (`dual`)
+keeps the plain weight as well and sends those inputs to it: the decoder's weights are held
+twice. `packed` holds only the packed copy (no extra memory); `off` packs nothing. For bf16 the
+two run at the same speed for many rows, so there `auto` packs only.
 
 Only the decoder layers' projections are packed (the vision tower runs thousands of rows, where
 packing gains nothing; `lm_head` runs one row and may share the embedding's weight). A packed
@@ -16,8 +22,12 @@ another device afterwards.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+mkldnn = torch.ops.mkldnn  # (a seam for the tests' spies)
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+PACKING_MODES = ("auto", "dual", "packed", "off")
+PLAIN_ROWS = 512  # dual: inputs of one row, or this many or more, use the plain weight
 
 
 def can_pack(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -35,7 +45,7 @@ def can_pack(device: torch.device | str, dtype: torch.dtype) -> bool:
 class PackedLinear(torch.nn.Module):
     """`nn.Linear`'s forward over a oneDNN-packed copy of its weight (the original is dropped)."""
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, linear: torch.nn.Linear, plain_rows: int | None = None) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
@@ -43,23 +53,43 @@ class PackedLinear(torch.nn.Module):
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight, None))
         bias = None if linear.bias is None else linear.bias.detach().clone()
         self.register_buffer("bias", bias)
+        # with `plain_rows`, the plain weight is kept too (twice the memory) and inputs of one
+        # row or at least that many use it: MKL's sgemm is a few percent faster there
+        self.plain_rows = plain_rows
+        self.register_buffer("weight", weight if plain_rows is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias,
-                                                  "none", [], "")
+        rows = x.numel() // self.in_features
+        if self.weight is not None and (rows == 1 or rows >= self.plain_rows):
+            return F.linear(x, self.weight, self.bias)
+        return mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, packed=oneDNN")
 
 
-def pack_decoder_layers(layers: torch.nn.ModuleList) -> int:
+def pack_decoder_layers(layers: torch.nn.ModuleList, plain_rows: int | None = None) -> int:
     """Replace every `nn.Linear` inside the decoder layers by a `PackedLinear`; -> how many."""
     count = 0
     for layer in layers:
         for parent in list(layer.modules()):
             for name, child in list(parent.named_children()):
                 if type(child) is torch.nn.Linear:
-                    setattr(parent, name, PackedLinear(child))
+                    setattr(parent, name, PackedLinear(child, plain_rows))
                     count += 1
     return count
+
+
+def resolve_packing(mode: str, device: torch.device | str, dtype: torch.dtype) -> str:
+    """The packing a model gets: `auto` is `dual` for fp32 and `packed` for bf16 where this
+    build can pack, else `off`; `dual` / `packed` where it cannot are an error."""
+    if mode not in PACKING_MODES:
+        raise ValueError(f"packing {mode!r}: one of {', '.join(PACKING_MODES)}")
+    possible = can_pack(device, dtype)
+    if mode == "auto":
+        return ("dual" if dtype == torch.float32 else "packed") if possible else "off"
+    if mode != "off" and not possible:
+        raise ValueError(f"packing {mode!r} needs the CPU, fp32 or bf16 and oneDNN; this model "
+                         f"is {dtype} on {device}")
+    return mode
