@@ -34,6 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--policy", default="static:0.05", help="vlcache's reuse policy")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="both engines' weights and activations")
     p.add_argument("--long-tokens", type=int, default=2048, help="text after the image (long)")
     p.add_argument("--name", default="fixture")
     p.add_argument("--out-dir", type=Path, default=D.REPO / "docs/bench")
@@ -68,10 +70,10 @@ def commands(args: argparse.Namespace, model: Path, sizes: list[int]
         e = {**env, "PYTHONPATH": D.pythonpath(bench)}
         return {BASE: ([*stub, BASE, "--scale", "1"], e), PEER: ([*stub, PEER, "--scale", "2"], e)}
     vlcache = [args.vlcache_python, "-m", "peer.vlcache_worker", "--model", str(model),
-               "--policy", args.policy, "--threads", "1"]
+               "--policy", args.policy, "--threads", "1", "--dtype", args.dtype]
     vllm = [args.vllm_python, "-m", "peer.vllm_worker", "--model", str(model),
             "--max-model-len", str(D.model_len(sizes, args.long_tokens)),
-            "--extra", args.vllm_extra]
+            "--dtype", args.dtype, "--extra", args.vllm_extra]
     vllm_env = {**env, "PYTHONPATH": D.pythonpath(bench), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                 "VLLM_CPU_KVCACHE_SPACE": str(args.kv_space)}
     return {BASE: (vlcache, {**env, "PYTHONPATH": D.pythonpath(D.REPO / "src", bench)}),

@@ -20,6 +20,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--store", default="memory://?max_bytes=4GB")
     p.add_argument("--unit", type=int, default=28)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = p.parse_args()
     channel = open_channel()
 
@@ -32,7 +33,7 @@ def main() -> None:
     from vlcache.reuse.registry import parse_policy
 
     torch.set_num_threads(args.threads)
-    engine = Engine.from_pretrained(args.model, store=args.store, dtype=torch.float32,
+    engine = Engine.from_pretrained(args.model, store=args.store, dtype=getattr(torch, args.dtype),
                                     device="cpu")
     policy = parse_policy(args.policy)
 
@@ -53,7 +54,7 @@ def main() -> None:
 
     send(channel, {"engine": "vlcache", "version": vlcache.__version__,
                    "torch": torch.__version__, "transformers": transformers.__version__,
-                   "settings": {"policy": args.policy, "dtype": "float32", "device": "cpu",
+                   "settings": {"policy": args.policy, "dtype": args.dtype, "device": "cpu",
                                 "packing": engine.packing,
                                 "store": args.store,
                                 "threads": f"torch.set_num_threads({args.threads}) -> "

@@ -45,6 +45,7 @@ def main() -> None:
     p.add_argument("--images", type=int, default=2, help="most images in one prompt")
     p.add_argument("--extra", default="{}", help="more LLM(...) keyword arguments, as JSON")
     p.add_argument("--unit", type=int, default=28)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = p.parse_args()
     channel = open_channel()
 
@@ -55,7 +56,7 @@ def main() -> None:
 
     from peer.images import materialize
 
-    kwargs = {"model": args.model, "dtype": "float32", "enable_prefix_caching": True,
+    kwargs = {"model": args.model, "dtype": args.dtype, "enable_prefix_caching": True,
               "max_model_len": args.max_model_len, "seed": 0,
               "limit_mm_per_prompt": {"image": args.images, "video": 0},
               **json.loads(args.extra)}
