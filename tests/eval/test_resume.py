@@ -170,3 +170,55 @@ def test_guard_rows_equal_guard_runs_alone(tiny_text_checkpoints, threshold):
         else:
             assert shared[1].seconds - q50.seconds == pytest.approx(
                 shared[0].seconds - q25.seconds)
+
+
+def test_shards_together_give_the_whole_run(tiny_text_checkpoints, tmp_path, monkeypatch):
+    model = str(next(iter(tiny_text_checkpoints.values())))
+    common = ["eval", "--model", model, "--data", "hard", "--limit", "4", "--kinds",
+              "before,multihop", "--policies", "naive,static", "--budgets", "0.25"]
+    assert main([*common, "--out", str(tmp_path / "whole")]) == 0
+    calls = []
+    real = runner.evaluate_case
+
+    def counted(engine, case, arms, split, index):
+        calls.append((split, index))
+        return real(engine, case, arms, split, index)
+
+    monkeypatch.setattr(runner, "evaluate_case", counted)
+    sharded = [*common, "--out", str(tmp_path / "sharded")]
+    assert main([*sharded, "--shard", "0/2"]) == 0
+    first = list(calls)
+    assert main([*sharded, "--shard", "1/2"]) == 0
+    second = calls[len(first):]
+    # prompts in turn (plan 0, heldout 0, plan 1, heldout 1): every other one to each shard
+    assert first == [("plan", 0), ("plan", 1)] and second == [("heldout", 0), ("heldout", 1)]
+
+    def answers(out):
+        rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+        return sorted((r["split"], r["case"], r["policy"], r["answer"], r["exact"])
+                      for r in rows)
+
+    assert answers(tmp_path / "sharded") == answers(tmp_path / "whole")
+    assert (tmp_path / "sharded" / "summary.md").is_file()
+    with pytest.raises(SystemExit):  # K must be below N
+        main([*sharded, "--shard", "2/2"])
+
+
+def test_row_log_waits_for_another_process_lock(tmp_path):
+    import fcntl
+    import threading
+
+    from vlcache.eval.rowlog import RowLog
+
+    log = RowLog(tmp_path / "rows.jsonl")
+    row = {"split": "plan", "case": 0, "source": "s"}
+    with (tmp_path / "rows.lock").open("a") as other:  # another shard mid-write
+        fcntl.flock(other, fcntl.LOCK_EX)
+        writer = threading.Thread(target=log.append, args=([row],))
+        writer.start()
+        writer.join(0.3)
+        assert writer.is_alive() and not (tmp_path / "rows.jsonl").exists()  # it waits
+        fcntl.flock(other, fcntl.LOCK_UN)
+        writer.join(5)
+    assert not writer.is_alive()
+    assert log.read({("plan", 0): (1, "s")}) == {("plan", 0): [row]}

@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the planning half")
     p.add_argument("--profile-limit", type=int, default=None,
                    help="profile on at most this many planning-half prompts (default: all)")
+    p.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
+                   help="evaluate every N-th prompt from the K-th (0-based) only, appending to "
+                        "the same --out as the other shards (run N processes, K = 0..N-1, one "
+                        "thread each; each resumes like a whole run)")
     p.add_argument("--out", default="eval-out",
                    help="output directory; a run there with the same arguments is resumed")
 
@@ -150,6 +154,13 @@ def write_report(out: Path, rows, budgets: list[float], title: str) -> str:
     return table
 
 
+def _shard(text: str) -> tuple[int, int]:
+    k, sep, n = text.partition("/")
+    if not (sep and k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: K/N with 0 <= K < N, e.g. 0/2")
+    return int(k), int(n)
+
+
 def title_of(args: dict) -> str:
     return f"{args['data']} · {Path(args['model']).name}"
 
@@ -211,7 +222,12 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(json.dumps(info, indent=2, default=str))
     halves = [Half("plan", first, plan_arms), Half("heldout", second, held_arms)]
-    rows = evaluate(engine, halves, RowLog(out / "rows.jsonl"))
+    rows = evaluate(engine, halves, RowLog(out / "rows.jsonl"), shard=args.shard)
+    expected = sum(len(h.cases) for h in halves)
+    finished = len({(r.split, r.case) for r in rows})
+    if finished < expected:
+        print(f"vlcache eval: {finished} of {expected} prompts finished (the other shards' "
+              "are still running); the summary covers those", file=sys.stderr)
     print(_write(out, rows, prof, budgets, title_of(vars(args)), info))
     print(f"wrote {out}/: rows.jsonl, rows.csv, summary.csv, summary.md, agreement.png, "
           "run.json")

@@ -1,10 +1,15 @@
 """rows.jsonl: an evaluation's rows, one JSON object a line, each prompt's rows appended in one
-write when the prompt finishes, so an interrupted run loses at most the prompt in flight."""
+write when the prompt finishes, so an interrupted run loses at most the prompt in flight.
+Reading (which may rewrite the file) and appending hold an exclusive lock on `rows.lock`, so
+several processes (`vlcache eval --shard`) can share one log."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 Key = tuple[str, int]  # (split, case index)
@@ -18,6 +23,10 @@ class RowLog:
         """The finished prompts' rows: those of a prompt in `expected` ({key: (rows, source)})
         with all its rows and the same source. Anything else (a prompt cut off mid-write, a
         prompt no longer asked for) is dropped, from the file too."""
+        with self._locked():
+            return self._read(expected)
+
+    def _read(self, expected: dict[Key, tuple[int, str]]) -> dict[Key, list[dict]]:
         if not self.path.exists():
             return {}
         found: dict[Key, list[dict]] = {}
@@ -40,7 +49,18 @@ class RowLog:
         return done
 
     def append(self, rows: list[dict]) -> None:
-        _write(self.path, rows, "a")
+        with self._locked():
+            _write(self.path, rows, "a")
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.with_suffix(".lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _write(path: Path, rows: list[dict], mode: str) -> None:

@@ -201,19 +201,24 @@ def _row(case: Case, split: str, index: int, arm: Arm, run: PrefillRun, agreemen
 
 
 def evaluate(engine: Engine, halves: list[Half], log: RowLog | None = None,
-             progress: bool = True) -> list[Row]:
+             progress: bool = True, shard: tuple[int, int] = (0, 1)) -> list[Row]:
     """Every case of every half, with its arms; with a `log`, the prompts it holds are skipped
-    (their rows are read back) and each new prompt's rows are appended to it."""
+    (their rows are read back) and each new prompt's rows are appended to it. `shard` (k, n):
+    only every n-th prompt from the k-th (in the order below) is evaluated here, the others
+    left to other processes sharing the log; the rows returned are those the log holds at the
+    end (every prompt's once all shards are done)."""
     expected = {(half.split, i): (1 + len(half.arms), case.source)
                 for half in halves for i, case in enumerate(half.cases)}
     done = ({key: [Row.from_dict(d) for d in rows] for key, rows in log.read(expected).items()}
             if log is not None else {})
     # the halves taken in turn (prompt 0 of each, then 1, ...): a run stopped part way has
     # evaluated both, the held-out half included
-    todo = sorted(((h, half, i, case) for h, half in enumerate(halves)
-                   for i, case in enumerate(half.cases) if (half.split, i) not in done),
-                  key=lambda t: (t[2], t[0]))
-    total = sum(len(half.cases) for half in halves)
+    order = sorted(((h, half, i, case) for h, half in enumerate(halves)
+                    for i, case in enumerate(half.cases)), key=lambda t: (t[2], t[0]))
+    k, n = shard
+    mine = [t for j, t in enumerate(order) if j % n == k]
+    todo = [t for t in mine if (t[1].split, t[2]) not in done]
+    total = len(mine)
     with tqdm(total=total, initial=total - len(todo), desc="evaluating", unit="prompt",
               disable=not progress, smoothing=0.1) as bar:
         for _, half, i, case in todo:
@@ -222,5 +227,8 @@ def evaluate(engine: Engine, halves: list[Half], log: RowLog | None = None,
                 log.append([row.as_dict() for row in rows])
             done[(half.split, i)] = rows
             bar.update()
+    if log is not None and n > 1:  # the other shards' prompts finished so far
+        done = {key: [Row.from_dict(d) for d in rows]
+                for key, rows in log.read(expected).items()}
     return [row for half in halves for i in range(len(half.cases))
-            for row in done[(half.split, i)]]
+            for row in done.get((half.split, i), [])]
