@@ -85,6 +85,19 @@ def test_new_families_spend_the_budget():
     assert guard.base.ratio == 0.1 and guard.name.endswith(":0.1")
 
 
+def _count_prompts(monkeypatch) -> list[tuple[str, int]]:
+    """(split, index) of every prompt evaluated from now on, in order."""
+    calls: list[tuple[str, int]] = []
+    real = runner.evaluate_case
+
+    def counted(engine, case, arms, split, index):
+        calls.append((split, index))
+        return real(engine, case, arms, split, index)
+
+    monkeypatch.setattr(runner, "evaluate_case", counted)
+    return calls
+
+
 def test_eval_resumes_where_it_stopped(tiny_text_checkpoints, tmp_path, monkeypatch):
     model = str(next(iter(tiny_text_checkpoints.values())))
     out = tmp_path / "eval"
@@ -107,14 +120,7 @@ def test_eval_resumes_where_it_stopped(tiny_text_checkpoints, tmp_path, monkeypa
 
     # interrupted in the last prompt: its rows are partly written
     (out / "rows.jsonl").write_text("\n".join(lines[:-2]) + "\n" + lines[-2][:30])
-    calls = []
-    real = runner.evaluate_case
-
-    def counted(engine, case, arms, split, index):
-        calls.append((split, index))
-        return real(engine, case, arms, split, index)
-
-    monkeypatch.setattr(runner, "evaluate_case", counted)
+    calls = _count_prompts(monkeypatch)
     assert main(args) == 0
     assert calls == [("heldout", 1)]  # only the prompt that had not finished
     assert len((out / "rows.jsonl").read_text().splitlines()) == 20
@@ -177,14 +183,7 @@ def test_shards_together_give_the_whole_run(tiny_text_checkpoints, tmp_path, mon
     common = ["eval", "--model", model, "--data", "hard", "--limit", "4", "--kinds",
               "before,multihop", "--policies", "naive,static", "--budgets", "0.25"]
     assert main([*common, "--out", str(tmp_path / "whole")]) == 0
-    calls = []
-    real = runner.evaluate_case
-
-    def counted(engine, case, arms, split, index):
-        calls.append((split, index))
-        return real(engine, case, arms, split, index)
-
-    monkeypatch.setattr(runner, "evaluate_case", counted)
+    calls = _count_prompts(monkeypatch)
     sharded = [*common, "--out", str(tmp_path / "sharded")]
     assert main([*sharded, "--shard", "0/2"]) == 0
     first = list(calls)
