@@ -18,10 +18,7 @@ import torch
 
 from vlcache.engine import Engine
 from vlcache.workloads.synthetic import heldout
-
-
-def normalize(text: str) -> str:
-    return text.strip().strip(".").lower()
+from vlcache_fixture.prompt import normalize  # how the fixture's own eval compares answers
 
 
 def main() -> None:

@@ -6,6 +6,8 @@ import argparse
 
 import torch
 
+from vlcache.models.packing import PACKING_MODES
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -14,7 +16,7 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
                    help="cpu | cuda | cuda:N (default: cuda when a GPU is visible, else cpu)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="weights and activations (default: bf16 on CUDA, fp32 on the CPU)")
-    p.add_argument("--packing", choices=("auto", "dual", "packed", "off"), default="auto",
+    p.add_argument("--packing", choices=PACKING_MODES, default="auto",
                    help="decoder weights packed for oneDNN (CPU), 1.2-2x faster for a few rows "
                         "(a repeated prompt's tail, a moved image, decoding): dual also keeps "
                         "the plain weights for many rows (twice the decoder's weight memory), "
