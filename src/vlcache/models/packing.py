@@ -7,8 +7,9 @@ moved image's recomputed tokens run 4–70 rows through every projection, where 
 after loading; their results differ from MKL's by rounding only (fp32: ~1e-5 absolute on
 outputs of order 1; another summation order).
 
-MKL stays faster for one row (a decode step, ~10%) and for many (fp32: 6% on a 1,052-token miss,
-12% on 2,061 tokens of text end to end, fixture model, one thread), so the fp32 default (`dual`)
+MKL stays faster for one row (a decode step, ~10%) and for many (fp32, end to end, fixture, one
+thread: 4% on a 1,052-token miss, 7% on 1,857 rows of text; `benchmarks/packing_modes.py`),
+so the fp32 default (`dual`)
 keeps the plain weight as well and sends those inputs to it: the decoder's weights are held
 twice. `packed` holds only the packed copy (no extra memory); `off` packs nothing. For bf16 the
 two run at the same speed for many rows, so there `auto` packs only.
