@@ -42,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="evaluate every N-th prompt from the K-th (0-based) only, appending to "
                         "the same --out as the other shards (run N processes, K = 0..N-1, one "
                         "thread each; each resumes like a whole run)")
+    p.add_argument("--backfill-signals", action="store_true",
+                   help="do not evaluate: measure the guard signal of the query rows logged "
+                        "before rows carried it (query arms only, into --out/signals.jsonl; "
+                        "resumable, takes --shard), then rewrite the report")
     p.add_argument("--out", default="eval-out",
                    help="output directory; a run there with the same arguments is resumed")
 
@@ -144,11 +148,15 @@ def _write(out: Path, rows, prof, budgets: list[float], title: str, run_info: di
 
 def write_report(out: Path, rows, budgets: list[float], title: str) -> str:
     """summary.csv, summary.md and agreement.png from the rows; returns the markdown."""
-    from vlcache.eval import report
+    from vlcache.eval import guard_sweep, report, signals
 
     summary = report.summarize(rows)
     report.write_csv(summary, out / "summary.csv")
     table = report.summary_markdown(rows, budgets)
+    sweep = guard_sweep.markdown(rows, guard_sweep.signals_of(rows, signals.read(
+        out / signals.FILE)))
+    if sweep:
+        table += "\n" + sweep
     (out / "summary.md").write_text(table)
     report.plot(summary, out / "agreement.png", title)
     return table
@@ -190,6 +198,24 @@ def _resuming(out: Path, signature: dict) -> bool:
     return False
 
 
+def _backfill(args: argparse.Namespace, engine, halves, out: Path, budgets) -> int:
+    from vlcache.eval.report import read_rows
+    from vlcache.eval.signals import backfill
+
+    log = out / "rows.jsonl"
+    if not log.is_file():
+        print(f"vlcache eval: {log} does not exist: nothing to backfill", file=sys.stderr)
+        return 2
+    try:
+        ran = backfill(engine, halves, read_rows(log), out, shard=args.shard)
+    except ValueError as e:
+        print(f"vlcache eval: {e}", file=sys.stderr)
+        return 2
+    print(f"measured the guard signal of {ran} prompts into {out}/signals.jsonl")
+    print(write_report(out, read_rows(log), budgets, title_of(vars(args))))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from vlcache.eval.rowlog import RowLog
     from vlcache.eval.runner import Half, evaluate
@@ -216,6 +242,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for line in skipped:
         print(f"skipped {line}", file=sys.stderr)
+    if args.backfill_signals:
+        return _backfill(args, engine, [Half("plan", first, plan_arms),
+                                        Half("heldout", second, held_arms)], out, budgets)
     info = {"signature": signature, "args": vars(args), "skipped": skipped,
             "cases": [len(first), len(second)], "arms": [len(plan_arms), len(held_arms)],
             "mean_segment_tokens": {"plan": means[0], "heldout": means[1]}}

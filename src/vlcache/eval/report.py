@@ -224,7 +224,8 @@ def read_rows(path: Path) -> list[Row]:
                     float(d["mse"]), d["top1"] == "True", d["exact"] == "True",
                     flag(d["correct"]), d["answer"], float(d.get("margin") or "nan"),
                     d.get("escalated") == "True", float(d.get("seconds") or 0.0),
-                    float(d.get("select_s") or 0.0))
+                    float(d.get("select_s") or 0.0),
+                    float(d["signal"]) if d.get("signal") else None)
                 for d in csv.DictReader(f)]
 
 

@@ -21,7 +21,7 @@ from vlcache.engine.engine import PrefillRun
 from vlcache.eval import metrics
 from vlcache.eval.agreement import Agreement, agree_all
 from vlcache.eval.rowlog import RowLog
-from vlcache.reuse.guard import GuardPolicy
+from vlcache.reuse.guard import GuardPolicy, guard_signal
 from vlcache.reuse.policy import Policy
 from vlcache.reuse.registry import parse_policy
 from vlcache.workloads.cases import Case, prime
@@ -62,6 +62,9 @@ class Row:
     # and an equal share of the prompt's agreement pass; full: caching the segments in their
     # other contexts, its prefill and greedy decoding
     select_s: float = 0.0  # of which the relevance pass (query, guard)
+    signal: float | None = None  # the guard's signal on this run's output (reuse/guard.py):
+    # set where a relevance pass gave naive's logits and nothing escalated (query arms, and
+    # guards that stopped at their base); what `eval/guard_sweep.py` thresholds
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -197,7 +200,16 @@ def _row(case: Case, split: str, index: int, arm: Arm, run: PrefillRun, agreemen
         top1=metrics.top1_agrees(ref, run.output.logits), exact=agreement.exact,
         correct=metrics.answer_correct(text, case.answer), answer=text,
         margin=metrics.top_margin(ref), escalated=run.stats.escalated, seconds=seconds,
-        select_s=run.stats.select_s)
+        select_s=run.stats.select_s, signal=run_signal(run))
+
+
+def run_signal(run: PrefillRun) -> float | None:
+    """The guard's signal on `run` (its logits against its relevance pass's naive logits), or
+    None where no relevance pass ran or the run escalated (its logits are then full's)."""
+    naive = run.output.naive_logits
+    if naive is None or run.stats.escalated:
+        return None
+    return guard_signal(run.output.logits, naive)
 
 
 def evaluate(engine: Engine, halves: list[Half], log: RowLog | None = None,
