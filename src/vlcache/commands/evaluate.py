@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default=DEFAULT_POLICIES,
                    help="families swept over --budgets (static, epic, cacheblend, kvshare, "
                         "vlcache, vlcache-greedy, vlcache-depth, vlcache-query, query, oracle, "
-                        "guard) and fixed policies (naive, prefix, encoder, "
+                        "guard, cacheblend-check) and fixed policies (naive, prefix, encoder, "
                         f"cacheblend:0.15:1, vlcache:PLAN.json, ...); default {DEFAULT_POLICIES}")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS,
                    help=f"target mean computed ratios (default {DEFAULT_BUDGETS})")
@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, prof,
-          depth_prof=None, query_prof=None):
+          depth_prof=None, query_prof=None, check_layers=None):
     from vlcache.eval.budget import FAMILIES, policy_at
     from vlcache.eval.runner import Arm
     from vlcache.reuse.registry import parse_policy
@@ -65,7 +65,7 @@ def _arms(tokens: list[str], budgets: list[float], engine, mean_tokens: float, p
         for b in budgets:
             try:
                 policy = policy_at(token, b, engine.num_layers, mean_tokens, prof,
-                                   depth_prof, query_prof)
+                                   depth_prof, query_prof, check_layers)
             except ValueError as e:
                 policy = None
                 skipped.append(f"{token}@{b:g}: {e}")
@@ -130,6 +130,23 @@ def _depth_profile(args: argparse.Namespace, engine, first, examples, tokens, bu
     budget = 0.05 if 0.05 in budgets else budgets[0]
     depth_plan(prof, budget, engine.num_layers).save(out / "plan-depth.json")
     return prof
+
+
+def _check_layers(args: argparse.Namespace, engine, first, tokens, budgets, out: Path,
+                  resuming: bool):
+    """cacheblend-check's layer per budget, chosen on the planning half (saved beside the
+    results as check-layer.json; a resumed run reads it back); None if not asked for."""
+    from vlcache.planner import check_layer
+
+    if "cacheblend-check" not in tokens:
+        return None
+    path = out / "check-layer.json"
+    if resuming and path.is_file():
+        return check_layer.load(path)
+    choices = check_layer.choose(engine, first[:args.profile_limit], budgets)
+    out.mkdir(parents=True, exist_ok=True)
+    check_layer.save(choices, path)
+    return choices
 
 
 def _write(out: Path, rows, prof, budgets: list[float], title: str, run_info: dict) -> str:
@@ -232,10 +249,12 @@ def run(args: argparse.Namespace) -> int:
         depth_prof = _depth_profile(args, engine, first, examples, tokens, budgets, out)
         query_prof = _profile(args, engine, first, examples, tokens, budgets, out, resuming,
                               rule="query")
+        checks = _check_layers(args, engine, first, tokens, budgets, out, resuming)
         means = [mean_segment_tokens(engine, half) for half in (first, second)]
         plan_arms, skipped = _arms(tokens, budgets, engine, means[0], prof, depth_prof,
-                                   query_prof)
-        held_arms, _ = _arms(tokens, budgets, engine, means[1], prof, depth_prof, query_prof)
+                                   query_prof, checks)
+        held_arms, _ = _arms(tokens, budgets, engine, means[1], prof, depth_prof, query_prof,
+                             checks)
         engine.capture_hidden_at = _resume_layer(plan_arms)
     except (ModelLoadError, ValueError) as e:
         print(f"vlcache eval: {e}", file=sys.stderr)

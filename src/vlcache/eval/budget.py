@@ -8,6 +8,8 @@ quantity as a plan's budget), so policies compare at the same number of computed
   `vlcache eval` sizes K per half, since the halves' images differ in size);
 - cacheblend: all tokens up to the check layer c, then ratio (B·L - c)/(L - c);
   impossible below B = c/L (returns None);
+- cacheblend-check: the same with the check layer chosen per budget on the planning half
+  (planner/check_layer.py: the feasible c with the smallest first-token KL against full);
 - kvshare: all up to layer1, 2ρ up to layer2, then ρ; ρ solved from the same mean;
 - vlcache / vlcache-greedy: the plan allocated for B from the profiled sensitivity table;
 - vlcache-depth: the plan allocated for B from the depth profile (planner/depth.py);
@@ -23,6 +25,7 @@ the measured share next to the target.
 
 from __future__ import annotations
 
+from vlcache.planner.check_layer import CheckLayer
 from vlcache.planner.depth import DepthProfile, depth_plan
 from vlcache.planner.profile import Profile, make_plan
 from vlcache.reuse.blend import CacheBlendPolicy, KVSharePolicy
@@ -31,14 +34,15 @@ from vlcache.reuse.guard import GuardPolicy
 from vlcache.reuse.policy import Policy, RatioPolicy, UniformPolicy
 from vlcache.reuse.ranking import RankedPolicy
 
-FAMILIES = ("static", "epic", "cacheblend", "kvshare", "vlcache", "vlcache-greedy",
+FAMILIES = ("static", "epic", "cacheblend", "cacheblend-check", "kvshare", "vlcache", "vlcache-greedy",
             "vlcache-depth", "vlcache-query", "query", "oracle", "guard")
 
 
 def policy_at(family: str, budget: float, num_layers: int, mean_tokens: float,
               profile: Profile | None = None,
               depth_profile: DepthProfile | None = None,
-              query_profile: Profile | None = None) -> Policy | None:
+              query_profile: Profile | None = None,
+              check_layers: dict[float, CheckLayer] | None = None) -> Policy | None:
     """The policy of `family` that spends `budget`, or None where the family cannot."""
     if family == "static":
         return UniformPolicy(budget)
@@ -52,6 +56,11 @@ def policy_at(family: str, budget: float, num_layers: int, mean_tokens: float,
         c = 1
         ratio = (budget * num_layers - c) / (num_layers - c)
         return CacheBlendPolicy(ratio, c) if ratio >= 0 else None
+    if family == "cacheblend-check":
+        if check_layers is None:
+            raise ValueError("cacheblend-check needs check layers chosen on the planning half")
+        choice = check_layers.get(budget)
+        return None if choice is None else choice.policy(num_layers)
     if family == "kvshare":
         first, second = KVSharePolicy(0.0).layers(num_layers)
         ratio = (budget * num_layers - first) / (2 * (second - first) + num_layers - second)
