@@ -34,8 +34,8 @@ from vlcache.reuse.guard import GuardPolicy
 from vlcache.reuse.policy import Policy, RatioPolicy, UniformPolicy
 from vlcache.reuse.ranking import RankedPolicy
 
-FAMILIES = ("static", "epic", "cacheblend", "cacheblend-check", "kvshare", "vlcache", "vlcache-greedy",
-            "vlcache-depth", "vlcache-query", "query", "oracle", "guard")
+FAMILIES = ("static", "epic", "cacheblend", "cacheblend-check", "kvshare", "vlcache",
+            "vlcache-greedy", "vlcache-depth", "vlcache-query", "query", "oracle", "guard")
 
 
 def policy_at(family: str, budget: float, num_layers: int, mean_tokens: float,
