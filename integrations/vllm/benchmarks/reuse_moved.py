@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
+import logging
 import os
 import statistics
 import tempfile
@@ -66,9 +67,13 @@ def main() -> None:
     p.add_argument("--store", default="", help="a vlcache store (default: a temporary dir)")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--json", default="")
+    p.add_argument("--verbose", action="store_true", help="vlcache's per-step log lines")
     p.add_argument("--stacks", type=float, default=0,
                    help="dump every thread's stack every this many seconds (debugging)")
     args = p.parse_args()
+    if args.verbose:  # the worker's per-step lines (it runs in this process: "uni")
+        logging.basicConfig(format="%(name)s %(message)s")
+        logging.getLogger("vlcache_vllm").setLevel(logging.DEBUG)
     if args.stacks:
         faulthandler.dump_traceback_later(args.stacks, repeat=True)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the probes below
@@ -111,6 +116,12 @@ def main() -> None:
     counters = llm.collective_rpc(reuse_counters)[0]
     print(f"warm-up {warm['wall_s']:.2f} s; first prompt (miss, saved) {saved['wall_s']:.2f} s,"
           f" {saved['prompt_tokens'][0]} tokens; store {counters}")
+    # the saved prompt itself with every image token reused at every layer (static:0): the
+    # entry's KV is exactly this context's, so only rotation and paged writes can differ
+    plain, reused = ask([first], [image], [None]), ask([first], [image], ["static:0"])
+    same_context = plain["tokens"] == reused["tokens"]
+    print(f"saved prompt again, static:0 (all image KV from the entry): same tokens as vLLM "
+          f"{same_context} ({reused['texts'][0]!r})")
     arms = {"vllm": None, "static:1.0": "static:1.0", args.policy: args.policy}
     checked = {arm: ask([moved], [image], [policy]) for arm, policy in arms.items()}
     reference = checked["vllm"]["tokens"][0]
@@ -137,9 +148,11 @@ def main() -> None:
                         "tokens": checked[arm]["tokens"][0],
                         "vision_calls": [x["vision_calls"] for x in results]}
     report = {"tokens": args.tokens, "reference": reference, "arms": summary,
-              "saved": saved["tokens"][0], "store": llm.collective_rpc(reuse_counters)[0]}
+              "same_context_static0": same_context, "answer": scene.answer,
+              "saved": saved["tokens"][0]}
     if args.batch:
         report["batch"] = batched(args, ask, processor, first)
+    report["store"] = llm.collective_rpc(reuse_counters)[0]
     print(f"store {report['store']}")
     if args.json:
         with open(args.json, "w") as f:

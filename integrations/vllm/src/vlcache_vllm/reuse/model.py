@@ -48,11 +48,6 @@ def selective_forward(lm, h: torch.Tensor,  # [T, H] the step's input embeddings
     num_rows = windows[-1].row + windows[-1].count
     plans = plan_layers(windows, step.images, len(layers), num_rows)
     step.reused_rows = sum(r.rows.numel() for rows in plans for r in rows.reused)
-    for image in step.images:
-        if image.save:
-            shape = (len(layers), image.num_tokens, step.kv_heads, step.head_dim)
-            image.captured_keys = h.new_zeros(shape)
-            image.captured_values = h.new_zeros(shape)
     h = h.clone()  # the runner's input buffer stays as it was
     residual = None
     scheduled: dict[int, object] = {}

@@ -41,7 +41,8 @@ class StepImage:
 
     A hit has `selections` (per layer, the sorted local indices [0, N) computed there, nested:
     layer l+1's within layer l's) and the entry's `keys`/`values`; a miss with `save` has its
-    pre-RoPE K/V captured into `captured_keys`/`captured_values` by the model.
+    pre-RoPE K/V written by the model into `captured_keys`/`captured_values` (the worker's
+    buffers for the whole image, filled over one or more steps).
     """
 
     request: int  # index in the step's batch order

@@ -13,7 +13,5 @@ class Step:
     batch's request order. The model fills `windows` (each request's scheduled rows)."""
 
     images: list[StepImage]
-    kv_heads: int
-    head_dim: int
     windows: list[Window] = field(default_factory=list)
     reused_rows: int = 0  # image rows x layers taken from entries in this step

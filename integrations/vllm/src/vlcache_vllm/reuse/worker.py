@@ -38,6 +38,16 @@ class ImageState:
     keys: torch.Tensor | None = None
     values: torch.Tensor | None = None
     saved: bool = False
+    # a miss being captured, possibly over several steps (chunked prefill)
+    capture: Capture | None = None
+
+
+@dataclass
+class Capture:
+    keys: torch.Tensor  # [L, N, kvh, d] pre-RoPE
+    values: torch.Tensor  # [L, N, kvh, d]
+    positions: torch.Tensor  # [3, N]
+    covered: torch.Tensor  # [N] bool: rows captured so far
 
 
 @dataclass
@@ -117,11 +127,20 @@ class VlcacheModelRunner(CPUModelRunner):
                     images.append(StepImage(i, image.start, image.num_tokens, image.mm_hash,
                                             image.selections, image.keys, image.values))
                 elif not image.saved:
+                    capture = image.capture = image.capture or self.vlcache_capture(image)
                     images.append(StepImage(i, image.start, image.num_tokens, image.mm_hash,
-                                            save=True))
+                                            save=True, captured_keys=capture.keys,
+                                            captured_values=capture.values))
         if not images:
             return None
-        return Step(images, self.vlcache_shape.kv_heads, self.vlcache_shape.head_dim)
+        return Step(images)
+
+    def vlcache_capture(self, image: ImageState) -> Capture:
+        shape = self.vlcache_shape
+        size = (shape.layers, image.num_tokens, shape.kv_heads, shape.head_dim)
+        return Capture(torch.zeros(size, dtype=shape.dtype), torch.zeros(size, dtype=shape.dtype),
+                       torch.zeros(3, image.num_tokens, dtype=torch.int64),
+                       torch.zeros(image.num_tokens, dtype=torch.bool))
 
     def vlcache_open(self, req_id: str) -> RequestState | None:
         """A request's vlcache state on first sight, or None if it did not ask for reuse."""
@@ -159,23 +178,27 @@ class VlcacheModelRunner(CPUModelRunner):
             if not image.save:
                 continue
             window = step.windows[image.request]
-            inside = (window.first <= image.start
-                      and image.start + image.num_tokens <= window.first + window.count)
             state = self.vlcache_requests[req_ids[image.request]]
             mine = next(s for s in state.images if s.start == image.start)
-            if not inside:
-                log.warning("vlcache: image %s was prefilled across steps; not saved",
-                            image.mm_hash)
-                mine.saved = True
+            lo = max(image.start, window.first)
+            hi = min(image.start + image.num_tokens, window.first + window.count)
+            if hi <= lo:
                 continue
-            row = window.row + image.start - window.first
-            self.vlcache_entries.save(image.mm_hash, image.captured_keys,
-                                      image.captured_values,
-                                      positions[:, row:row + image.num_tokens].cpu())
-            mine.saved = True
+            capture = mine.capture
+            row = window.row + lo - window.first
+            local = slice(lo - image.start, hi - image.start)
+            capture.positions[:, local] = positions[:, row:row + hi - lo]
+            capture.covered[local] = True
+            if bool(capture.covered.all()):
+                self.vlcache_entries.save(image.mm_hash, capture.keys, capture.values,
+                                          capture.positions)
+                mine.saved, mine.capture = True, None
         for i, window in enumerate(step.windows):
             state = self.vlcache_requests.get(req_ids[i])
             if state is not None and window.first + window.count >= state.prompt_len:
-                for image in state.images:  # prefill done: free the entry, nothing to save
-                    image.selections = image.keys = image.values = None
+                for image in state.images:  # prefill done: free the entry and any capture
+                    if image.capture is not None:  # rows before this request's first step
+                        log.info("vlcache: image %s was not captured whole (prefix-cached "
+                                 "rows); not saved", image.mm_hash)
+                    image.selections = image.keys = image.values = image.capture = None
                     image.saved = True
