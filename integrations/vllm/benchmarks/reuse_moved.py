@@ -104,7 +104,7 @@ def main() -> None:
         for text, image, policy in zip(texts, images, policies, strict=True):
             prompts.append({"prompt": text, "multi_modal_data": {"image": image},
                             "cache_salt": uuid.uuid4().hex})
-            extra = None if policy is None else {"vlcache": {"policy": policy}}
+            extra = None if policy is None else {"vlcache": policy}
             params.append(SamplingParams(max_tokens=max_tokens, temperature=0,
                                          extra_args=extra))
         calls = llm.collective_rpc(count_vision_calls)[0]

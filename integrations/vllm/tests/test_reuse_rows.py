@@ -30,9 +30,14 @@ def test_static_selections_are_the_first_tokens() -> None:
     assert [s.numel() for s in selections_for(parse_policy("naive"), 7, 2)] == [0, 0]
 
 
-def test_a_policy_that_needs_deviations_is_refused() -> None:
+@pytest.mark.parametrize("name", ["guard", "cacheblend", "query:0.05", "prefix"])
+def test_a_policy_the_plugin_cannot_follow_is_refused(name: str) -> None:
     with pytest.raises(UnservedPolicy):
-        selections_for(parse_policy("guard"), 64, 4)
+        selections_for(parse_policy(name), 64, 4)
+
+
+def test_epic_computes_the_same_first_tokens_at_every_layer() -> None:
+    assert [s.tolist() for s in selections_for(parse_policy("epic:3"), 64, 2)] == [[0, 1, 2]] * 2
 
 
 def hit(request: int, start: int, n: int, counts: list[int], seed: int = 0) -> StepImage:

@@ -113,6 +113,9 @@ class UnservedPolicy(ValueError):
 
 def selections_for(policy: Policy, num_tokens: int, num_layers: int) -> list[torch.Tensor]:
     """Per layer, the sorted local indices a policy computes for an image of N tokens."""
+    if type(policy).may_reuse is not Policy.may_reuse:
+        raise UnservedPolicy(f"policy {policy.name}: reuses KV only after the same context "
+                             "(vLLM's own prefix cache does that)")
     schedule = policy.schedule(num_tokens, num_layers)
     if schedule.restart_layer is not None:
         schedule = schedule.fallback()  # no cached hidden states in vLLM entries

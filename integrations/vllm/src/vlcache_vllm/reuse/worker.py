@@ -3,7 +3,8 @@
 The model cannot tell which image a row of the flat batch belongs to: vLLM's forward gets
 embeddings and positions, while the image's mm_hash lives in the runner's request state. The
 runner therefore builds, each step, the `Step` the model needs: for every request that asked
-for vlcache (`SamplingParams.extra_args={"vlcache": {...}}`) and is still in prefill, its
+for vlcache (`SamplingParams.extra_args={"vlcache": "static:0.05"}`, or "" for the default
+policy; flat, so the OpenAI server's `vllm_xargs` can carry it too) and is still in prefill, its
 images with the entry loaded (a hit: the policy's selections) or marked to save (a miss).
 Entries are loaded when the request first appears and dropped when its prefill ends.
 """
@@ -148,8 +149,13 @@ class VlcacheModelRunner(CPUModelRunner):
         extra = (request.sampling_params.extra_args or {}) if request.sampling_params else {}
         if "vlcache" not in extra:
             return None
-        asked = extra["vlcache"] or {}
-        policy = parse_policy(asked.get("policy", self.vlcache.policy))
+        asked = extra["vlcache"]  # a policy name, or "" for the configured default
+        try:
+            policy = parse_policy(asked if isinstance(asked, str) and asked
+                                  else self.vlcache.policy)
+        except ValueError as e:
+            log.warning("vlcache: request %s: %s; it runs without reuse", req_id, e)
+            return None
         state = RequestState(len(request.prompt_token_ids or []))
         for feature in request.mm_features:
             if feature.modality != "image":
