@@ -3,7 +3,9 @@
 One vLLM (vlcache's worker and Qwen2.5-VL class, eager, prefix caching on) answers:
 1. the image (a synthetic VQA scene the fixture was trained on, vlcache.workloads.synthetic,
    drawn at the size that gives --tokens image tokens) after system prompt A with "Describe
-   this image." (vlcache asked: a miss, its pre-RoPE KV saved to the store);
+   this image." (vlcache asked: a miss, its pre-RoPE KV saved to the store; a hit when --store
+   already holds it from an earlier run), then the same prompt with `static:0` (every image
+   row's KV from the entry, in the context it was computed in: must give vLLM's tokens);
 2. the *moved* prompt (system prompt B, the scene's question before the image) three ways:
    vLLM alone, vlcache `static:1.0`, vlcache `--policy` (default `static:0.05`): once with
    --check-tokens greedy tokens (compared with vLLM's), then --rounds timed rounds with
@@ -13,7 +15,10 @@ One vLLM (vlcache's worker and Qwen2.5-VL class, eager, prefix caching on) answe
    static:1.0, half without), checked against the same prompts answered one by one without
    reuse, then all K with --policy at once.
 
-Prints a table and, with --json, writes the figures. Run in vLLM's environment:
+--plain-compiled instead times vLLM's own moved prompt with torch.compile and without vlcache's
+worker (the default deployment); --ec adds stage 1's encoder-cache connector on the same store
+(run twice on one --store: the second process reuses KV and encoder output). Prints a table
+and, with --json, writes the figures. Run in vLLM's environment:
 
     PYTHONPATH=src:integrations/vllm/src:benchmarks .venv-vllm/bin/python \
         integrations/vllm/benchmarks/reuse_moved.py --model DIR --tokens 1024 --rounds 3
@@ -43,13 +48,21 @@ def build(args: argparse.Namespace, store: str):  # -> vllm.LLM
         return LLM(model=args.model, dtype="float32", max_model_len=args.max_model_len, seed=0,
                    distributed_executor_backend="uni", enable_prefix_caching=True,
                    limit_mm_per_prompt={"image": 1, "video": 0})
+    ec = None
+    if args.ec:  # stage 1's encoder-cache connector on the same store: no vision tower on a hit
+        from vllm.config import ECTransferConfig
+
+        from vlcache_vllm import CONNECTOR, CONNECTOR_MODULE
+
+        ec = ECTransferConfig(ec_connector=CONNECTOR, ec_connector_module_path=CONNECTOR_MODULE,
+                              ec_role="ec_both", ec_connector_extra_config={"store": store})
     # "uni": the worker inside the engine process (two processes of the 2.4 GB fixture in fp32
     # did not fit beside other jobs here: the worker was killed for memory)
     return LLM(model=args.model, dtype="float32", max_model_len=args.max_model_len, seed=0,
                enforce_eager=True, distributed_executor_backend="uni",
                enable_prefix_caching=True, worker_cls=WORKER,
                additional_config={"vlcache": {"store": store, "policy": args.policy}},
-               limit_mm_per_prompt={"image": 1, "video": 0})
+               ec_transfer_config=ec, limit_mm_per_prompt={"image": 1, "video": 0})
 
 
 def prompt_text(processor, system: str, parts: list[str]) -> str:
@@ -73,6 +86,8 @@ def main() -> None:
     p.add_argument("--json", default="")
     p.add_argument("--plain-compiled", action="store_true",
                    help="only vLLM's own moved prompt, compiled (no vlcache worker)")
+    p.add_argument("--ec", action="store_true",
+                   help="also stage 1's encoder-cache connector on the same store")
     p.add_argument("--verbose", action="store_true", help="vlcache's per-step log lines")
     p.add_argument("--stacks", type=float, default=0,
                    help="dump every thread's stack every this many seconds (debugging)")
@@ -123,8 +138,9 @@ def main() -> None:
     warm = ask([moved], [example(args.tokens, 99).image], [None])  # first-call costs
     saved = ask([first], [image], [args.policy])
     counters = llm.collective_rpc(reuse_counters)[0]
-    print(f"warm-up {warm['wall_s']:.2f} s; first prompt (miss, saved) {saved['wall_s']:.2f} s,"
-          f" {saved['prompt_tokens'][0]} tokens; store {counters}")
+    print(f"warm-up {warm['wall_s']:.2f} s; first prompt {saved['wall_s']:.2f} s, "
+          f"{saved['prompt_tokens'][0]} tokens, {saved['vision_calls']} vision-tower calls; "
+          f"store {counters}")
     # the saved prompt itself with every image token reused at every layer (static:0): the
     # entry's KV is exactly this context's, so only rotation and paged writes can differ
     plain, reused = ask([first], [image], [None]), ask([first], [image], ["static:0"])
@@ -157,6 +173,8 @@ def main() -> None:
                         "tokens": checked[arm]["tokens"][0],
                         "vision_calls": [x["vision_calls"] for x in results]}
     report = {"tokens": args.tokens, "reference": reference, "arms": summary,
+              "first_prompt": {"wall_s": saved["wall_s"], "vision_calls": saved["vision_calls"],
+                               "store_before": counters},
               "same_context_static0": same_context, "answer": scene.answer,
               "saved": saved["tokens"][0]}
     if args.batch:
