@@ -65,6 +65,17 @@ def test_rows_of_a_hit_between_text_and_the_runs_it_leaves() -> None:
     assert runs.request.tolist() == [0, 1, 1]
 
 
+def test_two_images_in_one_request_leave_three_runs() -> None:
+    # text 0..2, image A 3..12 (computes 1), text 13..14, image B 15..22 (computes 2), text 23
+    windows = [Window(0, 0, 24)]
+    images = [hit(0, 3, 10, [1], seed=1), hit(0, 15, 8, [2], seed=2)]
+    rows = plan_layers(windows, images, 1, 24)[0]
+    assert rows.computed.tolist() == [0, 1, 2, 3, 13, 14, 15, 16, 23]
+    assert [r.image for r in rows.reused] == [0, 1]
+    assert rows.runs.seq_lens.tolist() == [4, 17, 24]
+    assert rows.runs.query_start.tolist() == [0, 4, 8, 9]
+
+
 def test_a_chunked_window_and_an_earlier_chunk() -> None:
     # the request's prompt positions 8..15 are scheduled (rows 0..7); the image spans 4..13
     windows = [Window(0, 8, 8)]

@@ -161,6 +161,10 @@ class VlcacheModelRunner(CPUModelRunner):
             if feature.modality != "image":
                 continue
             place = feature.mm_position
+            if place.is_embed is not None and not bool(place.is_embed.all()):
+                log.warning("vlcache: request %s: an image placeholder with non-image tokens "
+                            "inside; not reused", req_id)
+                continue
             n = place.length
             image = ImageState(place.offset, n, feature.identifier)
             entry = (self.vlcache_entries.load(feature.identifier, n, self.vlcache_shape)
