@@ -25,3 +25,15 @@ def output() -> torch.Tensor:
 @pytest.fixture
 def disk_address(tmp_path: Path) -> str:
     return f"disk://{tmp_path / 'ec'}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The end-to-end tests start vLLM (minutes each on a CPU): they run only when asked for
+    with `-m slow`, even where a vLLM environment exists, so the plain test command stays
+    fast."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="starts vLLM (minutes): run with -m slow")
+    for item in items:
+        if "slow" in item.keywords and "integrations/vllm" in str(item.fspath):
+            item.add_marker(skip)
