@@ -136,7 +136,7 @@ def _check_layers(args: argparse.Namespace, engine, first, tokens, budgets, out:
                   resuming: bool):
     """cacheblend-check's layer per budget, chosen on the planning half (saved beside the
     results as check-layer.json; a resumed run reads it back); None if not asked for."""
-    from vlcache.planner import check_layer
+    from vlcache.eval import check_layer
 
     if "cacheblend-check" not in tokens:
         return None

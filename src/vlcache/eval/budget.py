@@ -9,7 +9,7 @@ quantity as a plan's budget), so policies compare at the same number of computed
 - cacheblend: all tokens up to the check layer c, then ratio (B·L - c)/(L - c);
   impossible below B = c/L (returns None);
 - cacheblend-check: the same with the check layer chosen per budget on the planning half
-  (planner/check_layer.py: the feasible c with the smallest first-token KL against full);
+  (eval/check_layer.py: the feasible c with the smallest first-token KL against full);
 - kvshare: all up to layer1, 2ρ up to layer2, then ρ; ρ solved from the same mean;
 - vlcache / vlcache-greedy: the plan allocated for B from the profiled sensitivity table;
 - vlcache-depth: the plan allocated for B from the depth profile (planner/depth.py);
@@ -25,7 +25,7 @@ the measured share next to the target.
 
 from __future__ import annotations
 
-from vlcache.planner.check_layer import CheckLayer
+from vlcache.eval.check_layer import CheckLayer
 from vlcache.planner.depth import DepthProfile, depth_plan
 from vlcache.planner.profile import Profile, make_plan
 from vlcache.reuse.blend import CacheBlendPolicy, KVSharePolicy

@@ -1,4 +1,4 @@
-"""CacheBlend's check layer chosen on the planning half (planner/check_layer.py) and the
+"""CacheBlend's check layer chosen on the planning half (eval/check_layer.py) and the
 `cacheblend-check` family of `vlcache eval`."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ import json
 import pytest
 
 from vlcache.cli import main
-from vlcache.eval import metrics
+from vlcache.eval import check_layer, metrics
 from vlcache.eval.budget import policy_at
-from vlcache.planner import check_layer
 from vlcache.reuse.blend import CacheBlendPolicy
 from vlcache.workloads.cases import prime
 
