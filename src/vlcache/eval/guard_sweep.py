@@ -102,10 +102,10 @@ def calibrate(rows: list[Row], signals: dict[Key, float], target: float,
         fitted, shown = bases.get((fit, budget), []), bases.get((report, budget), [])
         if not fitted or not shown:
             continue
+        # every signal seen, largest first, then 0 (escalates every prompt)
         candidates = sorted({0.0, *(s for _, s in fitted)}, reverse=True)
-        chosen = next((point(fitted, fit, budget, t) for t in candidates
-                       if point(fitted, fit, budget, t).exact >= target),
-                      point(fitted, fit, budget, 0.0))
+        points = (point(fitted, fit, budget, t) for t in candidates)
+        chosen = next((p for p in points if p.exact >= target), point(fitted, fit, budget, 0.0))
         out.append((chosen, point(shown, report, budget, chosen.threshold)))
     return out
 

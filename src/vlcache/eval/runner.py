@@ -212,6 +212,17 @@ def run_signal(run: PrefillRun) -> float | None:
     return guard_signal(run.output.logits, naive)
 
 
+def shard_prompts(halves: list[Half], shard: tuple[int, int] = (0, 1)
+                  ) -> list[tuple[Half, int]]:
+    """Shard (k, n)'s prompts: every n-th from the k-th, the halves taken in turn (prompt 0 of
+    each, then 1, ...), so a run stopped part way has evaluated both, the held-out half
+    included; the split is the same whatever the other shards have done."""
+    order = sorted(((h, half, i) for h, half in enumerate(halves)
+                    for i in range(len(half.cases))), key=lambda t: (t[2], t[0]))
+    k, n = shard
+    return [(half, i) for j, (_, half, i) in enumerate(order) if j % n == k]
+
+
 def evaluate(engine: Engine, halves: list[Half], log: RowLog | None = None,
              progress: bool = True, shard: tuple[int, int] = (0, 1)) -> list[Row]:
     """Every case of every half, with its arms; with a `log`, the prompts it holds are skipped
@@ -223,23 +234,18 @@ def evaluate(engine: Engine, halves: list[Half], log: RowLog | None = None,
                 for half in halves for i, case in enumerate(half.cases)}
     done = ({key: [Row.from_dict(d) for d in rows] for key, rows in log.read(expected).items()}
             if log is not None else {})
-    # the halves taken in turn (prompt 0 of each, then 1, ...): a run stopped part way has
-    # evaluated both, the held-out half included
-    order = sorted(((h, half, i, case) for h, half in enumerate(halves)
-                    for i, case in enumerate(half.cases)), key=lambda t: (t[2], t[0]))
-    k, n = shard
-    mine = [t for j, t in enumerate(order) if j % n == k]
-    todo = [t for t in mine if (t[1].split, t[2]) not in done]
+    mine = shard_prompts(halves, shard)
+    todo = [(half, i) for half, i in mine if (half.split, i) not in done]
     total = len(mine)
     with tqdm(total=total, initial=total - len(todo), desc="evaluating", unit="prompt",
               disable=not progress, smoothing=0.1) as bar:
-        for _, half, i, case in todo:
-            rows = evaluate_case(engine, case, half.arms, half.split, i)
+        for half, i in todo:
+            rows = evaluate_case(engine, half.cases[i], half.arms, half.split, i)
             if log is not None:
                 log.append([row.as_dict() for row in rows])
             done[(half.split, i)] = rows
             bar.update()
-    if log is not None and n > 1:  # the other shards' prompts finished so far
+    if log is not None and shard[1] > 1:  # the other shards' prompts finished so far
         done = {key: [Row.from_dict(d) for d in rows]
                 for key, rows in log.read(expected).items()}
     return [row for half in halves for i in range(len(half.cases))

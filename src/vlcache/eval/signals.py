@@ -17,7 +17,7 @@ from tqdm import tqdm
 from vlcache.engine import Engine
 from vlcache.eval.guard_sweep import Key
 from vlcache.eval.rowlog import RowLog
-from vlcache.eval.runner import MAX_TOKENS, Half, Row, run_signal
+from vlcache.eval.runner import MAX_TOKENS, Half, Row, run_signal, shard_prompts
 from vlcache.workloads.cases import prime
 
 FILE = "signals.jsonl"
@@ -39,16 +39,12 @@ def read(path: Path) -> dict[Key, float]:
 
 def missing(halves: list[Half], rows: list[Row], have: dict[Key, float],
             shard: tuple[int, int] = (0, 1)) -> list[tuple[Half, int]]:
-    """Shard (k, n)'s prompts (every n-th from the k-th in the evaluation's order, the halves
-    in turn: the same split whatever the others have done) that have a query row without a
+    """Shard (k, n)'s prompts (as the evaluation splits them) that have a query row without a
     signal yet."""
     lacking = {(r.split, r.case) for r in rows if r.family == "query" and r.signal is None
                and (r.split, r.case, r.policy) not in have}
-    order = sorted(((h, half, i) for h, half in enumerate(halves)
-                    for i in range(len(half.cases))), key=lambda t: (t[2], t[0]))
-    k, n = shard
-    return [(half, i) for j, (_, half, i) in enumerate(order)
-            if j % n == k and (half.split, i) in lacking]
+    return [(half, i) for half, i in shard_prompts(halves, shard)
+            if (half.split, i) in lacking]
 
 
 def backfill(engine: Engine, halves: list[Half], rows: list[Row], out: Path,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlcache.reuse.registry import parse_policy
-from vlcache_vllm.cache import check_shared
+from vlcache_vllm.settings import check_store_and_fingerprint, section_keys
 
 KEYS = {"store", "policy", "model_fingerprint"}
 
@@ -24,17 +24,12 @@ class ReuseConfig:
     model_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.store, str) or not self.store:
-            raise ValueError('additional_config["vlcache"] needs "store": a vlcache store '
-                             'address, e.g. "disk:///var/cache/vlcache"')
-        check_shared(self.store)
+        check_store_and_fingerprint(self.store, self.model_fingerprint,
+                                    'additional_config["vlcache"]', "disk:///var/cache/vlcache")
         parse_policy(self.policy)  # a bad name stops start-up, not a request
 
     @classmethod
     def from_additional(cls, additional: Mapping[str, Any] | None) -> ReuseConfig:
-        section = dict((additional or {}).get("vlcache") or {})
-        unknown = sorted(set(section) - KEYS)
-        if unknown:
-            raise ValueError(f'unknown additional_config["vlcache"] keys {unknown}: expected '
-                             f"{sorted(KEYS)}")
+        section = section_keys((additional or {}).get("vlcache"), KEYS,
+                               'additional_config["vlcache"]')
         return cls(**{"store": "", **section})
