@@ -24,20 +24,25 @@ class EncoderKey:
     The mm_hash alone is not enough: a caller-supplied UUID names the item, not the model,
     and two checkpoints at the same path are different models. The store key is a full blake3
     over both, so it is a valid key for every store whatever characters the mm_hash holds.
+    Subclasses key other things of the same item (their own prefix and version).
     """
 
     mm_hash: str
     model: str
 
+    PREFIX = PREFIX
+    VERSION = KEY_VERSION
+    WHAT = "an encoder key"
+
     def __post_init__(self) -> None:
         if not self.mm_hash:
-            raise ValueError("an encoder key needs vLLM's mm_hash")
+            raise ValueError(f"{self.WHAT} needs vLLM's mm_hash")
         if not self.model:
-            raise ValueError("an encoder key needs a model fingerprint")
+            raise ValueError(f"{self.WHAT} needs a model fingerprint")
 
     def __str__(self) -> str:
-        header = {"version": KEY_VERSION, "mm_hash": self.mm_hash, "model": self.model}
-        return PREFIX + blake3.blake3(json.dumps(header, sort_keys=True).encode()).hexdigest()
+        header = {"version": self.VERSION, "mm_hash": self.mm_hash, "model": self.model}
+        return self.PREFIX + blake3.blake3(json.dumps(header, sort_keys=True).encode()).hexdigest()
 
 
 def model_fingerprint(model: str | os.PathLike, architecture: str, dtype: str) -> str:

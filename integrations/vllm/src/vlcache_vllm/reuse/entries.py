@@ -7,16 +7,15 @@ again); loads and saves never raise into vLLM.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
-import blake3
 import torch
 
 from vlcache.entry import ImageEntry
 from vlcache.stores import Store, open_store
 from vlcache_vllm.cache import check_shared
+from vlcache_vllm.keys import EncoderKey
 
 log = logging.getLogger("vlcache_vllm")
 
@@ -24,20 +23,13 @@ KEY_VERSION = "kv1"
 PREFIX = "kv-"  # beside the encoder cache's "ec-" keys in the same store
 
 
-@dataclass(frozen=True)
-class KVKey:
-    """The KV of one image: vLLM's mm_hash and the model fingerprint (weights, dtype)."""
+class KVKey(EncoderKey):
+    """The KV of one image: vLLM's mm_hash and the model fingerprint (weights, dtype), keyed
+    as the encoder cache keys its output, under its own prefix."""
 
-    mm_hash: str
-    model: str
-
-    def __post_init__(self) -> None:
-        if not self.mm_hash or not self.model:
-            raise ValueError("a KV key needs vLLM's mm_hash and a model fingerprint")
-
-    def __str__(self) -> str:
-        header = {"version": KEY_VERSION, "mm_hash": self.mm_hash, "model": self.model}
-        return PREFIX + blake3.blake3(json.dumps(header, sort_keys=True).encode()).hexdigest()
+    PREFIX = PREFIX
+    VERSION = KEY_VERSION
+    WHAT = "a KV key"
 
 
 @dataclass(frozen=True)
