@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from vlcache.keys import ModelFingerprint
 from vlcache.models.patch_embed import patch_conv_as_linear
+from vlcache.models.rms_norm import chunk_rms_norms
 
 SUPPORTED_ARCHITECTURES = {
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
@@ -43,6 +44,7 @@ class DecoderAdapter:
                  fingerprint: ModelFingerprint) -> None:
         if getattr(text_config, "use_sliding_window", False):
             raise ValueError("sliding-window attention checkpoints are not supported")
+        chunk_rms_norms(model)  # bit-identical results, ~4x faster over many rows on the CPU
         self.model = model
         self.fingerprint = fingerprint
         self.architecture: str = model.config.model_type

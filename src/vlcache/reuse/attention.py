@@ -104,9 +104,10 @@ def _late_merged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int,
     if first == 0:
         return own[0].transpose(0, 1)
     pre, pre_lse = flash(qh, kh[:, :, :first], vh[:, :, :first], 0.0, False, scale=scale)[:2]
-    top = torch.maximum(own_lse, pre_lse)  # [1, nh, n]
-    w_own, w_pre = torch.exp(own_lse - top), torch.exp(pre_lse - top)
-    merged = (own * w_own[..., None] + pre * w_pre[..., None]) / (w_own + w_pre)[..., None]
+    # each part is normalised over its own keys; own's share of the joint softmax is
+    # e^own / (e^own + e^pre) = sigmoid(own_lse - pre_lse)
+    share = torch.sigmoid(own_lse - pre_lse)  # [1, nh, n]
+    merged = torch.lerp(pre, own, share[..., None])  # [1, nh, n, d]
     return merged[0].transpose(0, 1)  # [n, nh, d]
 
 

@@ -5,11 +5,6 @@ from __future__ import annotations
 import torch
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rope(
     x: torch.Tensor,  # [S, heads, d] pre-RoPE
     cos: torch.Tensor,  # [S, d]
@@ -19,5 +14,14 @@ def apply_rope(
 
     Cached keys are stored before RoPE, so moving an image to a new place in a prompt is just
     this rotation at the new positions (M-RoPE tables already mix the three axes).
+
+    transformers computes `x * cos + rotate_half(x) * sin`, rotate_half(x) being
+    (-x2, x1) for the halves (x1, x2) of the last dimension. Here that is one product and two
+    in-place updates of its halves: the same products and sums, without the concatenated and
+    negated copies (~8x faster on the CPU for a prompt's queries; `benchmarks/elementwise.py`).
     """
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+    half = x.shape[-1] // 2
+    out = x * cos[:, None, :]
+    out[..., :half].addcmul_(x[..., half:], sin[:, None, :half], value=-1)
+    out[..., half:].addcmul_(x[..., :half], sin[:, None, half:])
+    return out
