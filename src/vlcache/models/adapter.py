@@ -98,9 +98,14 @@ class DecoderAdapter:
         attn = block.self_attn
         xn = block.input_layernorm(x)
         c = x.shape[0]
-        q = attn.q_proj(xn).view(c, self.num_heads, self.head_dim)
-        k = attn.k_proj(xn).view(c, self.kv_heads, self.head_dim)
-        v = attn.v_proj(xn).view(c, self.kv_heads, self.head_dim)
+        fused = getattr(attn, "fused_qkv", None)  # models/packing.py
+        if fused is not None and fused.takes(c):
+            q, k, v = fused(xn)  # views of one [c, (nh + 2 kvh) d] result
+        else:
+            q, k, v = attn.q_proj(xn), attn.k_proj(xn), attn.v_proj(xn)
+        q = q.view(c, self.num_heads, self.head_dim)
+        k = k.view(c, self.kv_heads, self.head_dim)
+        v = v.view(c, self.kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
         return q, k, v
@@ -131,8 +136,14 @@ def _mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:  # [c, H] -> [c
     act = getattr(mlp, "act_fn", None)
     if gate is None or up is None or down is None or act is None:
         return mlp(x)
+    silu = type(act).__name__ in SILU_CLASSES
+    fused = getattr(mlp, "fused_gate_up", None)  # models/packing.py
+    if fused is not None and fused.takes(x.numel() // x.shape[-1]):
+        g, u = fused(x)  # views of one [c, 2I] result
+        a = F.silu(g) if silu else act(g)  # [c, I], contiguous
+        return down(a.mul_(u))
     a = gate(x)  # [c, I]
-    a = F.silu(a, inplace=True) if type(act).__name__ in SILU_CLASSES else act(a)
+    a = F.silu(a, inplace=True) if silu else act(a)
     return down(a.mul_(up(x)))
 
 

@@ -14,6 +14,13 @@ keeps the plain weight as well and sends those inputs to it: the decoder's weigh
 twice. `packed` holds only the packed copy (no extra memory); `off` packs nothing. For bf16 the
 two run at the same speed for many rows, so there `auto` packs only.
 
+Projections of the same input are packed as one weight (`FusedPackedLinear`: q/k/v, and the
+MLP's gate/up): for a few rows the time goes to reading the weights, and one call reads them
+faster than three or two (12 rows: ~1.4x for those projections; `benchmarks/packed_linear.py`).
+In `dual` the members stay plain `nn.Linear`s for one row and for many; in `packed` each member
+becomes a `FusedSlice` of the fused weight, for code that calls it by itself (transformers' own
+forward).
+
 Only the decoder layers' projections are packed (the vision tower runs thousands of rows, where
 packing gains nothing; `lm_head` runs one row and may share the embedding's weight). A packed
 weight is an opaque oneDNN tensor: fingerprint the model before packing, and do not move it to
@@ -70,13 +77,84 @@ class PackedLinear(torch.nn.Module):
                 f"bias={self.bias is not None}, packed=oneDNN")
 
 
+class FusedPackedLinear(torch.nn.Module):
+    """Several projections of one input as one oneDNN-packed weight (their weights stacked on
+    the output dimension): -> each projection's output, as views of one result."""
+
+    def __init__(self, linears: list[torch.nn.Linear], plain_rows: int | None = None) -> None:
+        super().__init__()
+        if len({m.in_features for m in linears}) != 1:
+            raise ValueError("fused projections must share their input size")
+        self.in_features = linears[0].in_features
+        self.sizes = [m.out_features for m in linears]
+        weight = torch.cat([m.weight.detach() for m in linears])  # [sum(out), in]
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight, None))
+        bias = None
+        if any(m.bias is not None for m in linears):
+            bias = torch.cat([m.bias.detach() if m.bias is not None
+                              else weight.new_zeros(m.out_features) for m in linears])
+        self.register_buffer("bias", bias)
+        # with `plain_rows` (dual) the members keep their plain weights, which take one row
+        # and at least that many; see `takes`
+        self.plain_rows = plain_rows
+
+    def takes(self, rows: int) -> bool:
+        """Whether inputs of `rows` rows go through the fused weight (else the members)."""
+        return self.plain_rows is None or 1 < rows < self.plain_rows
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [..., in] -> [..., out_i]
+        out = mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+        return out.split(self.sizes, dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.sizes}, packed=oneDNN"
+
+
+class FusedSlice(torch.nn.Module):
+    """One member of a `FusedPackedLinear` where no plain weight is kept (`packed`), for code
+    that calls the member by itself: runs the fused matmul and keeps its own part (the engine
+    calls the fused module once instead)."""
+
+    def __init__(self, fused: FusedPackedLinear, index: int) -> None:
+        super().__init__()
+        self.fused = fused  # shared with the sibling members (registered once per parent)
+        self.index = index
+        self.in_features = fused.in_features
+        self.out_features = fused.sizes[index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        return self.fused(x)[self.index]
+
+
+# (parent module, its projections of one input, the attribute the fused module gets)
+FUSED_GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj"), "fused_qkv"),
+                ("mlp", ("gate_proj", "up_proj"), "fused_gate_up"))
+
+
 def pack_decoder_layers(layers: torch.nn.ModuleList, plain_rows: int | None = None) -> int:
-    """Replace every `nn.Linear` inside the decoder layers by a `PackedLinear`; -> how many."""
+    """Pack the decoder layers' projections: each group of `FUSED_GROUPS` as one
+    `FusedPackedLinear` (set as the parent's `fused_qkv` / `fused_gate_up`), every other
+    `nn.Linear` as a `PackedLinear`; -> how many packed weights."""
     count = 0
     for layer in layers:
+        fused_members: set[int] = set()
+        for parent_name, names, attr in FUSED_GROUPS:
+            parent = getattr(layer, parent_name, None)
+            members = [getattr(parent, n, None) for n in names]
+            if (parent is None or not all(type(m) is torch.nn.Linear for m in members)
+                    or len({m.in_features for m in members}) != 1):
+                continue
+            fused = FusedPackedLinear(members, plain_rows)
+            setattr(parent, attr, fused)
+            count += 1
+            if plain_rows is None:  # packed: the fused copy is the only one
+                for i, n in enumerate(names):
+                    setattr(parent, n, FusedSlice(fused, i))
+            else:
+                fused_members.update(id(m) for m in members)
         for parent in list(layer.modules()):
             for name, child in list(parent.named_children()):
-                if type(child) is torch.nn.Linear:
+                if type(child) is torch.nn.Linear and id(child) not in fused_members:
                     setattr(parent, name, PackedLinear(child, plain_rows))
                     count += 1
     return count
