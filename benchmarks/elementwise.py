@@ -33,7 +33,7 @@ def pair(name: str, theirs: Callable[[], object], ours: Callable[[], object], re
     for _ in range(repeat):
         t_theirs.append(timed(theirs, inner))
         t_ours.append(timed(ours, inner))
-    ratios = [a / b for a, b in zip(t_theirs, t_ours)]
+    ratios = [a / b for a, b in zip(t_theirs, t_ours, strict=True)]
     print(f"| {name} | {statistics.median(t_theirs) * 1e3:.2f} | "
           f"{statistics.median(t_ours) * 1e3:.2f} | {statistics.median(ratios):.2f}x | "
           f"{min(ratios):.2f}-{max(ratios):.2f} |")
@@ -57,14 +57,16 @@ def main() -> None:
         chunked = ChunkedRMSNorm(norm)
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, args.hidden)
-            pair(f"RMSNorm, {rows}", lambda: norm(x), lambda: chunked(x), args.repeat, args.inner)
+            pair(f"RMSNorm, {rows}", lambda x=x: norm(x), lambda x=x: chunked(x), args.repeat,
+                 args.inner)
             q = torch.randn(rows, args.heads, args.head_dim)
             angles = torch.rand(rows, args.head_dim // 2) * 100
             emb = torch.cat([angles, angles], -1)
             cos, sin = emb.cos(), emb.sin()
             c, s = cos[:, None], sin[:, None]  # transformers' formula, for queries only
-            pair(f"RoPE on queries, {rows}", lambda: q * c + rotate_half(q) * s,
-                 lambda: apply_rope(q, cos, sin), args.repeat, args.inner)
+            pair(f"RoPE on queries, {rows}", lambda q=q, c=c, s=s: q * c + rotate_half(q) * s,
+                 lambda q=q, cos=cos, sin=sin: apply_rope(q, cos, sin), args.repeat,
+                 args.inner)
 
 
 if __name__ == "__main__":

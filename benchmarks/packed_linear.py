@@ -1,6 +1,8 @@
 """One decoder layer's seven projections at several row counts: PyTorch's plain `linear` against
-the oneDNN-packed weights the engine uses on the CPU (models/packing.py), alternated in one
-process (one thread), medians and the median of per-round ratios.
+the oneDNN-packed weights, one per projection and fused as the engine packs them on the CPU
+(q/k/v and gate/up as one weight each; models/packing.py), alternated in one process (one
+thread), medians and the median of per-round ratios. One layer's weights (~60 MB in fp32) may
+stay in the CPU's last-level cache here, unlike a whole model's.
 
     .venv/bin/python benchmarks/packed_linear.py --hidden 896 --intermediate 4864 --kv 128
 """
@@ -15,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from vlcache.models.packing import PackedLinear, can_pack
+from vlcache.models.packing import FusedPackedLinear, PackedLinear, can_pack
 
 
 def main() -> None:
@@ -39,27 +41,34 @@ def main() -> None:
     for lin in plain:
         lin.weight.data = (torch.randn(lin.weight.shape, generator=gen) / 30).to(dtype)
     packed = [PackedLinear(lin) for lin in plain]
+    q, k, v, o, gate, up, down = plain
+    fused = [FusedPackedLinear([q, k, v]), PackedLinear(o), FusedPackedLinear([gate, up]),
+             PackedLinear(down)]
     print(f"CPU: {platform.processor() or platform.machine()}; torch {torch.__version__}; "
           f"{args.dtype}; {torch.get_num_threads()} thread(s); q,k,v,o,gate,up,down of "
           f"hidden {h}, intermediate {i}, k/v {kv}; {args.rounds} rounds alternated\n")
-    print("| rows | plain ms | packed ms | plain / packed (median of rounds) | max abs diff |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| rows | plain ms | packed ms | fused ms | plain / packed | packed / fused "
+          "| max abs diff |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     with torch.inference_mode():
         for m in (int(r) for r in args.rows.split(",")):
             xs = [torch.randn(m, lin.in_features, generator=gen).to(dtype) for lin in plain]
-            times: dict[str, list[float]] = {"plain": [], "packed": []}
+            inputs = {"plain": xs, "packed": xs, "fused": [xs[0], xs[3], xs[4], xs[6]]}
+            times: dict[str, list[float]] = {"plain": [], "packed": [], "fused": []}
             for _ in range(args.rounds + 1):  # the first round warms up, not counted
-                for name, mods in (("plain", plain), ("packed", packed)):
+                for name, mods in (("plain", plain), ("packed", packed), ("fused", fused)):
                     start = time.perf_counter()
-                    for x, mod in zip(xs, mods, strict=True):
+                    for x, mod in zip(inputs[name], mods, strict=True):
                         mod(x)
                     times[name].append(time.perf_counter() - start)
-            a, b = times["plain"][1:], times["packed"][1:]
+            a, b, c = times["plain"][1:], times["packed"][1:], times["fused"][1:]
             diff = max((F.linear(x, lin.weight) - pk(x)).abs().max().item()
                        for x, lin, pk in zip(xs, plain, packed, strict=True))
             ratio = statistics.median(x / y for x, y in zip(a, b, strict=True))
+            ratio_fused = statistics.median(x / y for x, y in zip(b, c, strict=True))
             print(f"| {m} | {statistics.median(a) * 1e3:.2f} | {statistics.median(b) * 1e3:.2f} "
-                  f"| {ratio:.2f} | {diff:.1e} |")
+                  f"| {statistics.median(c) * 1e3:.2f} | {ratio:.2f} | {ratio_fused:.2f} "
+                  f"| {diff:.1e} |")
 
 
 if __name__ == "__main__":

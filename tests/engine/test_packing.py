@@ -11,8 +11,13 @@ from tests.conftest import ARCHS, random_image, user
 from tests.engine.helpers import hf_greedy, hf_logits
 from vlcache.engine import Engine
 from vlcache.models import packing as packing_module
-from vlcache.models.packing import (FusedPackedLinear, FusedSlice, PackedLinear,
-                                    can_pack, pack_decoder_layers)
+from vlcache.models.packing import (
+    FusedPackedLinear,
+    FusedSlice,
+    PackedLinear,
+    can_pack,
+    pack_decoder_layers,
+)
 
 pytestmark = pytest.mark.skipif(not can_pack("cpu", torch.float32),
                                 reason="this PyTorch build cannot pack weights for oneDNN")
@@ -107,7 +112,7 @@ def test_fused_projections_equal_their_members(plain_rows):
     for rows in (1, 2, 5):
         x = torch.randn(rows, 8)
         parts = fused(x)
-        for part, (name, lin) in zip(parts, before.items()):
+        for part, (name, lin) in zip(parts, before.items(), strict=True):
             torch.testing.assert_close(part, lin(x), atol=1e-6, rtol=1e-6)
             member = getattr(layer.self_attn, name)  # what transformers' forward calls
             assert (member is lin) == (plain_rows is not None)

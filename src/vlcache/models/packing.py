@@ -15,8 +15,9 @@ twice. `packed` holds only the packed copy (no extra memory); `off` packs nothin
 two run at the same speed for many rows, so there `auto` packs only.
 
 Projections of the same input are packed as one weight (`FusedPackedLinear`: q/k/v, and the
-MLP's gate/up): for a few rows the time goes to reading the weights, and one call reads them
-faster than three or two (12 rows: ~1.4x for those projections; `benchmarks/packed_linear.py`).
+MLP's gate/up): for a few rows the time goes to reading the weights, and one call reads them a
+little faster than three or two (one layer's seven projections: 6% faster at 12 rows, 3% at
+28-70, the same from 284; `benchmarks/packed_linear.py`).
 In `dual` the members stay plain `nn.Linear`s for one row and for many; in `packed` each member
 becomes a `FusedSlice` of the fused weight, for code that calls it by itself (transformers' own
 forward).
