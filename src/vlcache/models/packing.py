@@ -51,6 +51,12 @@ def can_pack(device: torch.device | str, dtype: torch.dtype) -> bool:
     return dtype != torch.bfloat16 or bool(ops._is_mkldnn_bf16_supported())
 
 
+def takes_packed(rows: int, plain_rows: int | None) -> bool:
+    """Whether `rows` input rows use the packed weight: always without a plain one
+    (`plain_rows` None); in `dual`, 2 to `plain_rows - 1` rows."""
+    return plain_rows is None or 1 < rows < plain_rows
+
+
 class PackedLinear(torch.nn.Module):
     """`nn.Linear`'s forward over a oneDNN-packed copy of its weight (the original is dropped)."""
 
@@ -68,8 +74,8 @@ class PackedLinear(torch.nn.Module):
         self.register_buffer("weight", weight if plain_rows is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        rows = x.numel() // self.in_features
-        if self.weight is not None and (rows == 1 or rows >= self.plain_rows):
+        if self.weight is not None and not takes_packed(x.numel() // self.in_features,
+                                                        self.plain_rows):
             return F.linear(x, self.weight, self.bias)
         return mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
@@ -101,7 +107,7 @@ class FusedPackedLinear(torch.nn.Module):
 
     def takes(self, rows: int) -> bool:
         """Whether inputs of `rows` rows go through the fused weight (else the members)."""
-        return self.plain_rows is None or 1 < rows < self.plain_rows
+        return takes_packed(rows, self.plain_rows)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [..., in] -> [..., out_i]
         out = mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
@@ -118,7 +124,7 @@ class FusedSlice(torch.nn.Module):
 
     def __init__(self, fused: FusedPackedLinear, index: int) -> None:
         super().__init__()
-        self.fused = fused  # shared with the sibling members (registered once per parent)
+        self.fused = fused  # the parent's fused module, shared by the sibling members
         self.index = index
         self.in_features = fused.in_features
         self.out_features = fused.sizes[index]
