@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import ARCHS, random_image, user
 from vlcache.engine import Engine
-from vlcache.engine.blocks import BLOCK, block_keys
+from vlcache.engine.blocks import BLOCK, block_ends, block_keys
 from vlcache.entry import ImageEntry
 
 LONG = "The archive keeps every letter in order of arrival. " * 4
@@ -65,16 +65,36 @@ def test_blocks_behind_an_approximate_segment_are_not_stored(engine):
     assert first.stats.images_kv_reused == 1 and first.stats.segments_exact == 0
     start = first.prompt.images[0].start
     again = engine.prefill(messages, store_entries=False)
-    assert again.stats.prefix_tokens_reused == start // BLOCK * BLOCK
+    assert again.stats.prefix_tokens_reused == start  # the text before it is a block
 
 
 def test_a_damaged_block_is_a_miss(engine):
     img = random_image(84)
     messages = _ask(img, "What is it?")
     first = engine.prefill(messages)
-    keys = block_keys(first.prompt, str(engine.fingerprint), 1)
+    keys = block_keys(first.prompt, str(engine.fingerprint), [BLOCK])
     bad = engine.cached_entry(keys[0])
     engine.store.put(keys[0], ImageEntry(keys=bad.keys[:, :3], values=bad.values[:, :3]))
     again = engine.prefill(messages, store_entries=False)
     assert again.stats.prefix_tokens_reused == 0
     assert (again.output.logits - first.output.logits).abs().max().item() < 1e-4
+
+
+def test_blocks_end_every_block_rows_and_where_a_segment_starts(engine):
+    img = random_image(85)
+    prompt = engine.prefill(_ask(img, "What is it?"), store_entries=False).prompt
+    start = prompt.images[0].start
+    assert start % BLOCK  # the chat template puts the image inside a block
+    ends = block_ends(prompt, 100)
+    assert ends == sorted({*range(BLOCK, 101, BLOCK), start})
+
+
+def test_a_known_text_in_front_of_a_new_image_is_reused(engine):
+    engine.prefill(_ask(random_image(86), "What is it?"))
+    messages = _ask(random_image(87), "What is it?")  # a new image behind the same text
+    run = engine.prefill(messages, store_entries=False)
+    start = run.prompt.images[0].start
+    assert run.stats.prefix_tokens_reused == start and run.stats.images_missed == 1
+    assert run.stats.computed_per_layer == [run.stats.prompt_tokens - start] * engine.num_layers
+    full = engine.prefill(messages, policy="full", store_entries=False)
+    assert (run.output.logits - full.output.logits).abs().max().item() < 1e-4

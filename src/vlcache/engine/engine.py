@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from vlcache.engine.blocks import BlockCache, PrefixHit, after
+from vlcache.engine.blocks import BlockCache, PrefixHit, PromptBlocks, after
 from vlcache.engine.cache import SegmentCache
 from vlcache.engine.generation import (
     TextStream,
@@ -354,8 +354,9 @@ class Engine:
                              image_tokens=sum(im.num_tokens for im in prompt.images),
                              documents=len(prompt.segments) - len(prompt.images))
         with torch.inference_mode():
-            block_keys = self.blocks.keys(prompt) if self.blocks and policy.reuse_kv else []
-            hit = self._prefix_hit(prompt, block_keys, stats)
+            blocks = (self.blocks.blocks(prompt) if self.blocks and policy.reuse_kv
+                      else PromptBlocks([], []))
+            hit = self._prefix_hit(prompt, blocks, stats)
             view = Prompt(prompt.input_ids, after(prompt, hit.length)) if hit else prompt
             lookup = self.cache.lookup(view, policy, stats)
             encoded = encode_images(self.adapter, view, lookup, stats)
@@ -370,41 +371,42 @@ class Engine:
             for sp, seg in zip(view.segments, segments, strict=True):
                 if reference and seg.reused and sp.key in reference:
                     seg.reference_keys, seg.reference_values = reference[sp.key]
-            blocks = self._blocks_to_store(prompt, policy, segments, hit) if store else None
+            to_store = self._blocks_to_store(blocks, prompt, segments, hit) if store else None
             t = time.perf_counter()
             out = self._run_layers(view, policy, embeds, positions, segments, stats,
-                                   embeds.shape[0] + max_new_tokens, keep_hidden, hit, blocks)
+                                   embeds.shape[0] + max_new_tokens, keep_hidden, hit, to_store)
             stats.prefill_s = time.perf_counter() - t
         account(stats, view, segments, out)
         run = PrefillRun(prompt, positions, out, stats)
         run.pending = self.cache.new_entries(view, segments, out, encoded, positions,
                                              stored_contexts(view, segments, contexts),
                                              lookup.held)
-        if blocks is not None and out.captured_rows is not None:
-            run.pending += self.blocks.entries(block_keys, blocks, out.captured_rows)
+        if to_store is not None and out.captured_rows is not None:
+            run.pending += self.blocks.entries(blocks, to_store, out.captured_rows)
         stats.ttft_s = time.perf_counter() - start
         return run
 
-    def _prefix_hit(self, prompt: Prompt, block_keys: list[str], stats: RequestStats
+    def _prefix_hit(self, prompt: Prompt, blocks: PromptBlocks, stats: RequestStats
                     ) -> PrefixHit | None:
-        """The cached exact prefix of this prompt (no keys: the policy reuses no KV)."""
-        if not block_keys:
+        """The cached exact prefix of this prompt (no blocks: the policy reuses no KV)."""
+        if not blocks:
             return None
         t = time.perf_counter()
-        hit = self.blocks.lookup(prompt, block_keys)
+        hit = self.blocks.lookup(prompt, blocks)
         stats.load_s += time.perf_counter() - t
         stats.prefix_tokens_reused = hit.length if hit else 0
         return hit
 
-    def _blocks_to_store(self, prompt: Prompt, policy: Policy, segments: list[SegmentInput],
-                         hit: PrefixHit | None) -> tuple[int, int] | None:
+    def _blocks_to_store(self, blocks: PromptBlocks, prompt: Prompt,
+                         segments: list[SegmentInput], hit: PrefixHit | None
+                         ) -> tuple[int, int] | None:
         """Rows whose blocks this request stores: computed exactly (before the first segment
         reused approximately), after the cached prefix."""
-        if self.blocks is None or not policy.reuse_kv:
+        if self.blocks is None or not blocks:
             return None
         exact_end = min((s.start for s in segments if s.reused and not s.exact),
                         default=prompt.input_ids.shape[0])
-        return self.blocks.span_to_store(prompt, hit.length if hit else 0, exact_end)
+        return self.blocks.span_to_store(blocks, hit.length if hit else 0, exact_end)
 
     def _run_layers(self, prompt: Prompt, policy: Policy, embeds: torch.Tensor,
                     positions: torch.Tensor, segments: list[SegmentInput], stats: RequestStats,
