@@ -18,7 +18,7 @@ ROOT = Path(vlcache.__file__).parent
 
 # Lowest first; a module may import from its own layer and the layers before it.
 LAYERS: list[set[str]] = [
-    {"plan", "keys", "entry"},
+    {"plan", "keys", "entry", "kernels"},
     {"models"},
     {"reuse", "stores"},
     {"engine"},

@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-python", default=str(D.REPO / ".venv-vllm/bin/python"))
     p.add_argument("--kv-space", type=int, default=2, help="vLLM's KV pool, GiB")
     p.add_argument("--vllm-extra", default="{}", help="more LLM(...) arguments, JSON")
+    p.add_argument("--vllm-preload", default="",
+                   help="LD_PRELOAD for vLLM's process, e.g. tcmalloc as vLLM's CPU docs "
+                        "recommend (/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per request")
     p.add_argument("--start-timeout", type=float, default=1800)
     p.add_argument("--resume", action="store_true", help="skip requests already in the CSV")
@@ -76,6 +79,8 @@ def commands(args: argparse.Namespace, model: Path, sizes: list[int]
             "--dtype", args.dtype, "--extra", args.vllm_extra]
     vllm_env = {**env, "PYTHONPATH": D.pythonpath(bench), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                 "VLLM_CPU_KVCACHE_SPACE": str(args.kv_space)}
+    if args.vllm_preload:
+        vllm_env["LD_PRELOAD"] = args.vllm_preload
     return {BASE: (vlcache, {**env, "PYTHONPATH": D.pythonpath(D.REPO / "src", bench)}),
             PEER: (vllm, vllm_env)}
 

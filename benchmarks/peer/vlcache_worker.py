@@ -29,7 +29,9 @@ def main() -> None:
 
     import vlcache
     from peer.images import materialize
+    from vlcache import kernels
     from vlcache.engine import Engine
+    from vlcache.kernels.malloc import keep_freed_memory
     from vlcache.reuse.registry import parse_policy
 
     torch.set_num_threads(args.threads)
@@ -57,6 +59,8 @@ def main() -> None:
                    "settings": {"policy": args.policy, "dtype": args.dtype, "device": "cpu",
                                 "packing": engine.packing,
                                 "store": args.store,
+                                "cpu kernels": kernels.status(),
+                                "freed memory kept (glibc)": keep_freed_memory(),
                                 "threads": f"torch.set_num_threads({args.threads}) -> "
                                            f"{torch.get_num_threads()}; OMP_NUM_THREADS="
                                            f"{os.environ.get('OMP_NUM_THREADS')}"}})

@@ -15,7 +15,8 @@ import time
 
 from peer.protocol import cpu_used, open_channel, send, serve, thread_times
 
-ENV_SHOWN = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
+ENV_SHOWN = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
+             "LD_PRELOAD")
 
 
 def settings(llm, kwargs: dict) -> dict:
@@ -34,7 +35,7 @@ def settings(llm, kwargs: dict) -> dict:
             out[name] = get()
         except AttributeError as e:  # a renamed field must not stop the run
             out[name] = f"? ({e})"
-    out["env"] = {k: os.environ.get(k) for k in ENV_SHOWN}
+    out["env"] = {k: os.environ[k] for k in ENV_SHOWN if k in os.environ}
     return out
 
 

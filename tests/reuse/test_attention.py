@@ -6,8 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vlcache import kernels
 from vlcache.reuse import attention
 from vlcache.reuse.attention import RowBlock, attend_blocks
+
+needs_kernels = pytest.mark.skipif(kernels.cpu_kernels() is None,
+                                   reason=f"vlcache's CPU kernels: {kernels.status()}")
 
 NH, KVH, D = 4, 2, 8
 
@@ -56,6 +60,7 @@ CASES = {
 @pytest.mark.parametrize("chunk", [1 << 22, 64])  # 64: masked rows are split into several chunks
 @pytest.mark.parametrize("merged", [True, False])  # False: the padded path other devices take
 def test_blocks_equal_a_dense_mask(name, chunk, merged, monkeypatch):
+    monkeypatch.setattr(attention, "KERNELS", False)  # PyTorch's paths (the kernel: below)
     monkeypatch.setattr(attention, "MASK_ELEMENTS", chunk)
     monkeypatch.setattr(attention, "MERGED_DEVICES", {"cpu"} if merged else set())
     seq_len, runs, picked = CASES[name]
@@ -72,6 +77,7 @@ def test_long_run_takes_an_unmasked_path(merged, monkeypatch):
     """A run after a short prefix is attended without a mask: on the CPU as two flash calls
     (prefix keys, then its own keys causally) merged by log-sum-exp; elsewhere as causal
     attention with zero rows in front."""
+    monkeypatch.setattr(attention, "KERNELS", False)
     monkeypatch.setattr(attention, "MERGED_DEVICES", {"cpu"} if merged else set())
     calls, flash_calls = [], []
     real = F.scaled_dot_product_attention
@@ -102,3 +108,49 @@ def test_long_run_takes_an_unmasked_path(merged, monkeypatch):
         assert calls == [None] and flash_calls == [(60, True, None), (36, False, None)]
     else:
         assert calls == [None, None] and flash_calls == []
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("heads", [(4, 2, 8), (14, 2, 64), (6, 6, 80)])  # nh, kvh, d
+@pytest.mark.parametrize("block", [(32, 256), (2, 3)])  # small blocks: many steps, cut rows
+def test_the_kernel_equals_a_dense_mask(name, heads, block, monkeypatch):
+    monkeypatch.setattr(attention, "BLOCK_Q", block[0])
+    monkeypatch.setattr(attention, "BLOCK_K", block[1])
+    nh, kvh, d = heads
+    seq_len, runs, picked = CASES[name]
+    blocks, positions = layout(seq_len, runs, [(s, n, p) for s, n, p in picked if p])
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(positions.numel(), nh, d, generator=gen)
+    k, v = (torch.randn(seq_len, kvh, d, generator=gen) for _ in range(2))
+    spied = []
+    real = kernels.cpu_kernels().attention
+    monkeypatch.setattr(kernels.cpu_kernels(), "attention",
+                        lambda *a: spied.append(a[3].numel()) or real(*a))
+    got = attend_blocks(q, k, v, blocks, d ** -0.5)
+    assert spied == [0 if b.positions is None else b.count for b in blocks]  # no PyTorch path
+    torch.testing.assert_close(got, dense(q, k, v, positions, d ** -0.5), atol=2e-5, rtol=1e-5)
+
+
+@needs_kernels
+def test_the_kernel_on_several_threads_and_strided_rows():
+    gen = torch.Generator().manual_seed(2)
+    qkv = torch.randn(300, 18, 64, generator=gen)  # a fused projection's output, viewed
+    q, k, v = qkv[:, :14], qkv[:, 14:16], qkv[:, 16:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = attend_blocks(q, k, v, [RowBlock.run(0, 0, 300)], 0.125)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(got, dense(q, k, v, torch.arange(300), 0.125), atol=2e-5,
+                               rtol=1e-5)
+
+
+def test_other_dtypes_keep_pytorch_attention(monkeypatch):
+    called = []
+    monkeypatch.setattr(attention, "_kernel_blocks", lambda *a: called.append(1))
+    q, k, v = torch.randn(5, 4, 8).bfloat16(), torch.randn(5, 2, 8).bfloat16(), \
+        torch.randn(5, 2, 8).bfloat16()
+    attend_blocks(q, k, v, [RowBlock.run(0, 0, 5)], 0.3)
+    assert called == []

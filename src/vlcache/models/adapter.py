@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from vlcache.kernels import cpu_kernels, usable
+from vlcache.kernels.malloc import keep_freed_memory
 from vlcache.keys import ModelFingerprint
 from vlcache.models.patch_embed import patch_conv_as_linear
 from vlcache.models.rms_norm import chunk_rms_norms
@@ -45,6 +47,8 @@ class DecoderAdapter:
         if getattr(text_config, "use_sliding_window", False):
             raise ValueError("sliding-window attention checkpoints are not supported")
         chunk_rms_norms(model)  # bit-identical results, 2.5x faster over many rows on the CPU
+        usable(next(model.parameters()))  # fp32 on the CPU: builds vlcache's kernels now
+        # (once per machine, ~30 s) rather than in the first request
         self.model = model
         self.fingerprint = fingerprint
         self.architecture: str = model.config.model_type
@@ -64,6 +68,8 @@ class DecoderAdapter:
         self.dtype: torch.dtype = next(model.parameters()).dtype
         self.device: torch.device = next(model.parameters()).device
         self.packing: str = "off"  # decoder projections packed for oneDNN (pack_weights)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # large activations reuse freed memory, no page faults
 
     def pack_weights(self, mode: str = "auto") -> str:
         """Pack the decoder layers' projections for oneDNN (models/packing.py): `auto`,
@@ -140,9 +146,16 @@ def _mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:  # [c, H] -> [c
     fused = getattr(mlp, "fused_gate_up", None)  # models/packing.py
     if fused is not None and fused.takes(x.numel() // x.shape[-1]):
         g, u = fused(x)  # views of one [c, 2I] result
+        if silu and usable(g):  # vlcache's kernel: one pass, 1.5x faster at 284 rows
+            a = g.new_empty(g.shape)  # [c, I]
+            cpu_kernels().silu_mul(g, u, a)  # type: ignore[union-attr]
+            return down(a)
         a = F.silu(g) if silu else act(g)  # [c, I], contiguous
         return down(a.mul_(u))
     a = gate(x)  # [c, I]
+    if silu and usable(a):
+        cpu_kernels().silu_mul(a, up(x), a)  # type: ignore[union-attr]
+        return down(a)
     a = F.silu(a, inplace=True) if silu else act(a)
     return down(a.mul_(up(x)))
 

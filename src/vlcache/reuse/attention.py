@@ -12,6 +12,11 @@ and costs more memory than the whole miss. Instead the rows are attended block b
   whose outputs are dropped (exact; the wasted work is at most the a x a triangle);
 - anything else (a short run far into the sequence, the rows picked inside a segment) is masked,
   in chunks of rows small enough that each mask stays a few megabytes.
+
+In fp32 on the CPU, where vlcache's kernels are built (`vlcache.kernels`), every block is one
+call of its attention kernel instead, which takes the rows' positions and needs no mask: 1.9x
+faster than PyTorch's flash attention at 284 rows, 1.4x at 1,052, 1.15x at 4,124
+(`benchmarks/attention_kernel.py`).
 """
 
 from __future__ import annotations
@@ -21,9 +26,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from vlcache.kernels import usable
+
 MASK_ELEMENTS = 1 << 22  # per masked chunk: rows x keys (4M booleans, 16 MB as float)
 aten = torch.ops.aten  # (a seam for the tests' spies)
 MERGED_DEVICES = {"cpu"}  # where late runs merge two attentions by log-sum-exp (CPU flash op)
+KERNELS = True  # vlcache's CPU kernel where it applies (fp32 on the CPU, built); False: PyTorch's
+BLOCK_Q, BLOCK_K = 32, 256  # the kernel's query rows (per KV head) and keys per step
+_NO_POSITIONS = torch.empty(0, dtype=torch.long)
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,8 @@ def attend_blocks(
     blocks: list[RowBlock],  # cover rows 0..c-1 in order
     scale: float,
 ) -> torch.Tensor:  # [c, nh*d]
+    if KERNELS and usable(q, k, v) and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1:
+        return _kernel_blocks(q, k, v, blocks, scale).reshape(q.shape[0], -1)
     if len(blocks) == 1 and blocks[0].positions is None and blocks[0].first == 0:
         return _causal(q, k, v, scale).reshape(q.shape[0], -1)
     out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])  # [c, nh, d]
@@ -72,6 +84,27 @@ def attend_blocks(
             out[b.row:b.row + b.count] = _masked(qb, k[:b.key_end], v[:b.key_end], positions,
                                                  scale)
     return out.reshape(q.shape[0], -1)
+
+
+def _kernel_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: list[RowBlock],
+                   scale: float) -> torch.Tensor:  # [c, nh, d]
+    """Each block by vlcache's CPU kernel (rows at their positions over keys [0, key_end))."""
+    from vlcache.kernels import cpu_kernels
+
+    kernel = cpu_kernels().attention  # type: ignore[union-attr]
+
+    def one(b: RowBlock) -> torch.Tensor:
+        positions = (_NO_POSITIONS if b.positions is None
+                     else b.positions.to(torch.long).contiguous())
+        return kernel(q[b.row:b.row + b.count], k, v, positions, b.first, b.key_end, scale,
+                      BLOCK_Q, BLOCK_K)
+
+    if len(blocks) == 1:
+        return one(blocks[0])
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+    for b in blocks:
+        out[b.row:b.row + b.count] = one(b)
+    return out
 
 
 def _heads_first(t: torch.Tensor) -> torch.Tensor:  # [len, heads, d] -> [1, heads, len, d]
