@@ -32,6 +32,18 @@ class Rows:
     def count(self, seq_len: int) -> int:
         return seq_len if self.index is None else int(self.index.numel())
 
+    @property
+    def span(self) -> tuple[int, int] | None:
+        """(first, end) when the rows are one contiguous run of positions (from the blocks'
+        host-side bounds, no tensor read): slices then stand in for gathers and scatters."""
+        if not self.blocks or any(b.positions is not None for b in self.blocks):
+            return None
+        for a, b in zip(self.blocks, self.blocks[1:], strict=False):
+            if b.first != a.first + a.count:
+                return None
+        first = self.blocks[0].first
+        return first, first + sum(b.count for b in self.blocks)
+
 
 @dataclass(frozen=True)
 class CachedSpan:
@@ -57,7 +69,10 @@ def layer_step(adapter: QwenVLAdapter, layer: int,
                cos: torch.Tensor, sin: torch.Tensor,  # [S, d] rotary tables of the prompt
                ) -> LayerOut:
     index = rows.index
-    x = h if index is None else h[index]  # [c, H]
+    run = rows.span if index is not None else None
+    # the computed rows: all, one contiguous run (slices, views), or gathered by `index`
+    pick = (slice(None) if index is None else slice(*run) if run else index)
+    x = h[pick]  # [c, H]
     q, k, v = adapter.qkv(layer, x)
     if index is None:
         keys, values = k, v
@@ -69,10 +84,10 @@ def layer_step(adapter: QwenVLAdapter, layer: int,
             n = span.keys.shape[0]
             keys[span.start:span.start + n] = span.keys
             values[span.start:span.start + n] = span.values
-        keys[index] = k
-        values[index] = v
+        keys[pick] = k
+        values[pick] = v
     rotated = apply_rope(keys, cos, sin)
-    q = apply_rope(q, cos if index is None else cos[index], sin if index is None else sin[index])
+    q = apply_rope(q, cos[pick], sin[pick])
     out = adapter.finish(layer, x, attend_blocks(q, rotated, values, rows.blocks,
                                                  adapter.scaling))
     return LayerOut(out, keys, values, rotated, q)

@@ -182,7 +182,8 @@ def selective_prefill(
         if index is None:
             h = step.hidden
         else:
-            h[index] = step.hidden
+            run = rows.span
+            h[slice(*run) if run else index] = step.hidden
         for s in deepstack_rows:
             if layer < s.deepstack.shape[0]:
                 _add_deepstack(h, s, layer, previous[id(s)] if s.reused else None)
