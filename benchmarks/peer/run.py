@@ -48,6 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-preload", default="",
                    help="LD_PRELOAD for vLLM's process, e.g. tcmalloc as vLLM's CPU docs "
                         "recommend (/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4)")
+    p.add_argument("--vlcache-preload", default="", help="LD_PRELOAD for vlcache's process")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per request")
     p.add_argument("--start-timeout", type=float, default=1800)
     p.add_argument("--resume", action="store_true", help="skip requests already in the CSV")
@@ -81,8 +82,10 @@ def commands(args: argparse.Namespace, model: Path, sizes: list[int]
                 "VLLM_CPU_KVCACHE_SPACE": str(args.kv_space)}
     if args.vllm_preload:
         vllm_env["LD_PRELOAD"] = args.vllm_preload
-    return {BASE: (vlcache, {**env, "PYTHONPATH": D.pythonpath(D.REPO / "src", bench)}),
-            PEER: (vllm, vllm_env)}
+    vlcache_env = {**env, "PYTHONPATH": D.pythonpath(D.REPO / "src", bench)}
+    if args.vlcache_preload:
+        vlcache_env["LD_PRELOAD"] = args.vlcache_preload
+    return {BASE: (vlcache, vlcache_env), PEER: (vllm, vllm_env)}
 
 
 def trimmer(model: Path, stub: bool):

@@ -61,6 +61,7 @@ def main() -> None:
                                 "store": args.store,
                                 "cpu kernels": kernels.status(),
                                 "freed memory kept (glibc)": keep_freed_memory(),
+                                "LD_PRELOAD": os.environ.get("LD_PRELOAD", ""),
                                 "threads": f"torch.set_num_threads({args.threads}) -> "
                                            f"{torch.get_num_threads()}; OMP_NUM_THREADS="
                                            f"{os.environ.get('OMP_NUM_THREADS')}"}})
