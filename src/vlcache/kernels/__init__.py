@@ -1,7 +1,7 @@
 """vlcache's own CPU kernels (`cpu.cpp`): GQA-stacked causal attention and a fused silu*up.
 
 Built once per machine on first use with PyTorch's C++ extension tooling (a C++ compiler and
-ninja; ~30 s), into ~/.cache/vlcache/kernels/<tag>, where the tag names the source, the torch
+ninja; ~25 s here), into ~/.cache/vlcache/kernels/<tag>, where the tag names the source, the torch
 version and the CPU's instruction sets (the build targets the machine it runs on). Where the
 build fails (no compiler) or `VLCACHE_CPU_KERNELS=0`, `cpu_kernels()` returns None and callers
 keep PyTorch's operators; `status()` says which and why.
@@ -55,7 +55,7 @@ def _build() -> ModuleType:
     where.mkdir(parents=True, exist_ok=True)
     fresh = not any(where.glob("*.so"))
     if fresh:
-        log.warning("building vlcache's CPU kernels into %s (once per machine, ~30 s)", where)
+        log.warning("building vlcache's CPU kernels into %s (once per machine, ~25 s here)", where)
     start = time.perf_counter()
     module = load(name="vlcache_cpu_kernels", sources=[str(SOURCE)], build_directory=str(where),
                   extra_cflags=["-O3", "-march=native", "-fopenmp"],
