@@ -154,3 +154,20 @@ def test_other_dtypes_keep_pytorch_attention(monkeypatch):
         torch.randn(5, 2, 8).bfloat16()
     attend_blocks(q, k, v, [RowBlock.run(0, 0, 5)], 0.3)
     assert called == []
+
+
+@pytest.mark.parametrize("merged", [True, False])
+@pytest.mark.parametrize("name", list(CASES))
+def test_bf16_blocks_equal_a_dense_mask(name, merged, monkeypatch):
+    """Half-precision rows take PyTorch's paths (the kernel is fp32), the late run's merge
+    included, and come back in the rows' dtype."""
+    monkeypatch.setattr(attention, "MERGED_DEVICES", {"cpu"} if merged else set())
+    seq_len, runs, picked = CASES[name]
+    blocks, positions = layout(seq_len, runs, [(s, n, p) for s, n, p in picked if p])
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(positions.numel(), NH, D, generator=gen)
+    k, v = (torch.randn(seq_len, KVH, D, generator=gen) for _ in range(2))
+    got = attend_blocks(q.bfloat16(), k.bfloat16(), v.bfloat16(), blocks, 0.3)
+    assert got.dtype == torch.bfloat16
+    want = dense(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), positions, 0.3)
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)

@@ -137,9 +137,10 @@ def _late_merged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int,
     pre, pre_lse = flash(qh, kh[:, :, :first], vh[:, :, :first], 0.0, False, scale=scale)[:2]
     # each part is normalised over its own keys; own's share of the joint softmax is
     # e^own / (e^own + e^pre) = sigmoid(own_lse - pre_lse)
-    share = torch.sigmoid(own_lse - pre_lse)  # [1, nh, n]
-    merged = torch.lerp(pre, own, share[..., None])  # [1, nh, n, d]
-    return merged[0].transpose(0, 1)  # [n, nh, d]
+    share = torch.sigmoid(own_lse - pre_lse)  # [1, nh, n], fp32 whatever q's dtype
+    # merged in fp32 (a no-op there): bf16/fp16 parts would lose the weights' precision
+    merged = torch.lerp(pre.float(), own.float(), share[..., None])  # [1, nh, n, d]
+    return merged[0].transpose(0, 1).to(q.dtype)  # [n, nh, d]
 
 
 def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
