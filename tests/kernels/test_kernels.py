@@ -83,12 +83,20 @@ def test_a_failed_build_falls_back_once_with_a_warning(fresh_loader, monkeypatch
     assert "no C++ compiler" in fresh_loader.status() and "PyTorch's operators" in caplog.text
 
 
-def test_the_build_directory_names_source_torch_and_cpu(monkeypatch, tmp_path):
+def test_the_build_directory_names_source_path_torch_and_cpu(monkeypatch, tmp_path):
     monkeypatch.setenv("VLCACHE_KERNEL_CACHE", str(tmp_path))
     first = kernels.build_dir()
     assert first.parent == tmp_path
     monkeypatch.setattr(kernels, "_cpu_flags", lambda: "sse2")
     assert kernels.build_dir() != first  # another CPU: another build
+    monkeypatch.undo()
+    monkeypatch.setenv("VLCACHE_KERNEL_CACHE", str(tmp_path))
+    copy = tmp_path / "elsewhere" / "cpu.cpp"  # the same source in another checkout
+    copy.parent.mkdir()
+    copy.write_bytes(kernels.SOURCE.read_bytes())
+    monkeypatch.setattr(kernels, "SOURCE", copy)
+    assert kernels.build_dir() != first  # another checkout: another build (no rebuilds back
+    # and forth in one directory)
 
 
 def test_keep_freed_memory_takes_effect_on_glibc_and_obeys_the_environment(monkeypatch):

@@ -56,6 +56,16 @@ CASES = {
 }
 
 
+def case_inputs(name: str, seed: int, nh: int = NH, kvh: int = KVH, d: int = D):
+    """A case's blocks and positions, and random q [rows, nh, d], k and v [S, kvh, d]."""
+    seq_len, runs, picked = CASES[name]
+    blocks, positions = layout(seq_len, runs, [(s, n, p) for s, n, p in picked if p])
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(positions.numel(), nh, d, generator=gen)
+    k, v = (torch.randn(seq_len, kvh, d, generator=gen) for _ in range(2))
+    return blocks, positions, q, k, v
+
+
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("chunk", [1 << 22, 64])  # 64: masked rows are split into several chunks
 @pytest.mark.parametrize("merged", [True, False])  # False: the padded path other devices take
@@ -63,11 +73,7 @@ def test_blocks_equal_a_dense_mask(name, chunk, merged, monkeypatch):
     monkeypatch.setattr(attention, "KERNELS", False)  # PyTorch's paths (the kernel: below)
     monkeypatch.setattr(attention, "MASK_ELEMENTS", chunk)
     monkeypatch.setattr(attention, "MERGED_DEVICES", {"cpu"} if merged else set())
-    seq_len, runs, picked = CASES[name]
-    blocks, positions = layout(seq_len, runs, [(s, n, p) for s, n, p in picked if p])
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randn(positions.numel(), NH, D, generator=gen)
-    k, v = (torch.randn(seq_len, KVH, D, generator=gen) for _ in range(2))
+    blocks, positions, q, k, v = case_inputs(name, 0)
     got = attend_blocks(q, k, v, blocks, 0.3)
     torch.testing.assert_close(got, dense(q, k, v, positions, 0.3), atol=1e-5, rtol=1e-5)
 
@@ -118,11 +124,7 @@ def test_the_kernel_equals_a_dense_mask(name, heads, block, monkeypatch):
     monkeypatch.setattr(attention, "BLOCK_Q", block[0])
     monkeypatch.setattr(attention, "BLOCK_K", block[1])
     nh, kvh, d = heads
-    seq_len, runs, picked = CASES[name]
-    blocks, positions = layout(seq_len, runs, [(s, n, p) for s, n, p in picked if p])
-    gen = torch.Generator().manual_seed(1)
-    q = torch.randn(positions.numel(), nh, d, generator=gen)
-    k, v = (torch.randn(seq_len, kvh, d, generator=gen) for _ in range(2))
+    blocks, positions, q, k, v = case_inputs(name, 1, nh, kvh, d)
     spied = []
     real = kernels.cpu_kernels().attention
     monkeypatch.setattr(kernels.cpu_kernels(), "attention",
@@ -162,11 +164,7 @@ def test_bf16_blocks_equal_a_dense_mask(name, merged, monkeypatch):
     """Half-precision rows take PyTorch's paths (the kernel is fp32), the late run's merge
     included, and come back in the rows' dtype."""
     monkeypatch.setattr(attention, "MERGED_DEVICES", {"cpu"} if merged else set())
-    seq_len, runs, picked = CASES[name]
-    blocks, positions = layout(seq_len, runs, [(s, n, p) for s, n, p in picked if p])
-    gen = torch.Generator().manual_seed(3)
-    q = torch.randn(positions.numel(), NH, D, generator=gen)
-    k, v = (torch.randn(seq_len, KVH, D, generator=gen) for _ in range(2))
+    blocks, positions, q, k, v = case_inputs(name, 3)
     got = attend_blocks(q.bfloat16(), k.bfloat16(), v.bfloat16(), blocks, 0.3)
     assert got.dtype == torch.bfloat16
     want = dense(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), positions, 0.3)

@@ -1,10 +1,11 @@
 """vlcache's own CPU kernels (`cpu.cpp`): GQA-stacked causal attention and a fused silu*up.
 
-Built once per machine on first use with PyTorch's C++ extension tooling (a C++ compiler and
-ninja; ~25 s here), into ~/.cache/vlcache/kernels/<tag>, where the tag names the source, the torch
-version and the CPU's instruction sets (the build targets the machine it runs on). Where the
-build fails (no compiler) or `VLCACHE_CPU_KERNELS=0`, `cpu_kernels()` returns None and callers
-keep PyTorch's operators; `status()` says which and why.
+Built once per machine and install on first use with PyTorch's C++ extension tooling (a C++
+compiler and ninja; ~25 s here), into ~/.cache/vlcache/kernels/<tag>, where the tag names the
+source (text and path), the torch version and the CPU's instruction sets (the build targets
+the machine it runs on). Where the build fails (no compiler) or `VLCACHE_CPU_KERNELS=0`,
+`cpu_kernels()` returns None and callers keep PyTorch's operators; `status()` says which and
+why.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def _cpu_flags() -> str:
 
 
 def build_dir() -> Path:
-    """Where this machine's build lives: one per source, torch version and CPU flag set."""
-    tag = hashlib.blake2s(b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(),
+    """Where this machine's build lives: one per source (its text and its path: PyTorch rebuilds
+    a directory whose recorded source path changed), torch version and CPU flag set."""
+    tag = hashlib.blake2s(b"\0".join([SOURCE.read_bytes(), str(SOURCE).encode(),
+                                      torch.__version__.encode(),
                                       platform.python_version().encode(),
                                       _cpu_flags().encode()]), digest_size=8).hexdigest()
     root = Path(os.environ.get("VLCACHE_KERNEL_CACHE",
@@ -55,7 +58,8 @@ def _build() -> ModuleType:
     where.mkdir(parents=True, exist_ok=True)
     fresh = not any(where.glob("*.so"))
     if fresh:
-        log.warning("building vlcache's CPU kernels into %s (once per machine, ~25 s here)", where)
+        log.warning("building vlcache's CPU kernels into %s (once per machine and install, "
+                    "~25 s here)", where)
     start = time.perf_counter()
     module = load(name="vlcache_cpu_kernels", sources=[str(SOURCE)], build_directory=str(where),
                   extra_cflags=["-O3", "-march=native", "-fopenmp"],

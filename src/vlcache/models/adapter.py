@@ -48,7 +48,7 @@ class DecoderAdapter:
             raise ValueError("sliding-window attention checkpoints are not supported")
         chunk_rms_norms(model)  # bit-identical results, 2.5x faster over many rows on the CPU
         usable(next(model.parameters()))  # fp32 on the CPU: builds vlcache's kernels now
-        # (once per machine, ~25 s) rather than in the first request
+        # (once per machine and install, ~25 s) rather than in the first request
         self.model = model
         self.fingerprint = fingerprint
         self.architecture: str = model.config.model_type
