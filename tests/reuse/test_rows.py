@@ -19,3 +19,11 @@ def test_gaps_and_picked_rows_are_not_a_span():
     assert Rows(torch.cat([torch.arange(4), torch.arange(36, 46)]), gap).span is None
     picked = [RowBlock.run(0, 0, 4), RowBlock(4, 2, 4, 20, torch.tensor([4, 9]))]
     assert Rows(torch.tensor([0, 1, 2, 3, 4, 9]), picked).span is None
+
+
+def test_pick_slices_a_run_and_indexes_the_rest():
+    run = Rows(torch.arange(15, 50), [RowBlock.run(0, 15, 35)])
+    assert run.pick == slice(15, 50) and Rows.all(40).pick == slice(None)
+    index = torch.tensor([0, 1, 2, 3, 4, 9])
+    picked = Rows(index, [RowBlock.run(0, 0, 4), RowBlock(4, 2, 4, 20, torch.tensor([4, 9]))])
+    assert picked.pick is index

@@ -9,6 +9,7 @@ at the prompt's positions).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -44,6 +45,15 @@ class Rows:
         first = self.blocks[0].first
         return first, first + sum(b.count for b in self.blocks)
 
+    @cached_property
+    def pick(self) -> slice | torch.Tensor:
+        """What selects the rows from a [S, ...] tensor: a slice for all rows or one contiguous
+        run (views, no gather or scatter), else `index`. Worked out once per layer."""
+        if self.index is None:
+            return slice(None)
+        run = self.span
+        return slice(*run) if run else self.index
+
 
 @dataclass(frozen=True)
 class CachedSpan:
@@ -68,10 +78,7 @@ def layer_step(adapter: QwenVLAdapter, layer: int,
                rows: Rows, cached: list[CachedSpan],
                cos: torch.Tensor, sin: torch.Tensor,  # [S, d] rotary tables of the prompt
                ) -> LayerOut:
-    index = rows.index
-    run = rows.span if index is not None else None
-    # the computed rows: all, one contiguous run (slices, views), or gathered by `index`
-    pick = (slice(None) if index is None else slice(*run) if run else index)
+    index, pick = rows.index, rows.pick
     x = h[pick]  # [c, H]
     q, k, v = adapter.qkv(layer, x)
     if index is None:

@@ -182,8 +182,7 @@ def selective_prefill(
         if index is None:
             h = step.hidden
         else:
-            run = rows.span
-            h[slice(*run) if run else index] = step.hidden
+            h[rows.pick] = step.hidden
         for s in deepstack_rows:
             if layer < s.deepstack.shape[0]:
                 _add_deepstack(h, s, layer, previous[id(s)] if s.reused else None)
