@@ -59,3 +59,29 @@ def test_text_only_request_equals_full_forward(engine):
     logits, run = _all_logits(engine, [user("No pictures here, only words.")])
     assert run.stats.images == 0
     torch.testing.assert_close(logits, hf_logits(engine, run.prompt), atol=1e-4, rtol=0)
+
+
+def test_last_layer_runs_only_the_last_row_and_keeps_its_logits(engine, monkeypatch):
+    """Without keep_hidden the last layer gives every computed row its K/V but only the last
+    row its attention and MLP: the first-token logits stay the full forward's, on a miss and on
+    a partial hit."""
+    img = random_image(5)
+    messages = [user("Look:", img, "What is shown?")]
+    finished: list[int] = []  # rows through the MLP, per layer
+    finish = engine.adapter.finish
+    monkeypatch.setattr(engine.adapter, "finish",
+                        lambda layer, x, a: finished.append(x.shape[0]) or finish(layer, x, a))
+    miss = engine.prefill(messages)
+    seq_len = miss.prompt.input_ids.shape[0]
+    assert finished == [seq_len] * (engine.adapter.num_layers - 1) + [1]
+    assert miss.stats.computed_per_layer == [seq_len] * engine.adapter.num_layers
+    ref = hf_logits(engine, miss.prompt)[-1]
+    torch.testing.assert_close(miss.output.logits, ref, atol=1e-4, rtol=0)
+    moved = [{"role": "system", "content": "Be brief."}, user("Now:", img, "Colour?")]
+    partial = engine.prefill(moved, policy="static:0.3", store_entries=False)
+    kept = engine.prefill(moved, policy="static:0.3", store_entries=False, keep_hidden=True)
+    assert partial.stats.images_kv_reused == 1
+    assert partial.stats.computed_per_layer == kept.stats.computed_per_layer
+    torch.testing.assert_close(partial.output.logits, kept.output.logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(kept.output.logits,
+                               engine.adapter.logits(kept.output.final_hidden[-1:])[0])

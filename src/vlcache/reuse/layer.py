@@ -54,6 +54,12 @@ class Rows:
         run = self.span
         return slice(*run) if run else self.index
 
+    @property
+    def last_position(self) -> int:
+        """The sequence position of the last computed row."""
+        b = self.blocks[-1]
+        return b.first + b.count - 1 if b.positions is None else int(b.positions[-1])
+
 
 @dataclass(frozen=True)
 class CachedSpan:
@@ -66,21 +72,32 @@ class CachedSpan:
 
 @dataclass
 class LayerOut:
-    hidden: torch.Tensor  # [c, H] the computed rows' outputs
+    hidden: torch.Tensor  # [c, H] the computed rows' outputs ([1, H] with `last_only`)
     keys: torch.Tensor  # [S, kvh, d] pre-RoPE, fresh on computed rows, cached elsewhere
     values: torch.Tensor  # [S, kvh, d]
     rotated: torch.Tensor  # [S, kvh, d] keys after RoPE
-    queries: torch.Tensor  # [c, nh, d] after RoPE
+    queries: torch.Tensor  # [c, nh, d] after RoPE ([1, nh, d] with `last_only`)
 
 
 def layer_step(adapter: QwenVLAdapter, layer: int,
                h: torch.Tensor,  # [S, H] hidden states entering the layer (valid on the rows)
                rows: Rows, cached: list[CachedSpan],
                cos: torch.Tensor, sin: torch.Tensor,  # [S, d] rotary tables of the prompt
+               last_only: bool = False,
                ) -> LayerOut:
+    """`last_only`: every computed row gets its keys and values, but only the sequence's last
+    row (which must be computed) its attention, output projection and MLP: at a prompt's last
+    layer nothing else reads the other rows' outputs."""
     index, pick = rows.index, rows.pick
     x = h[pick]  # [c, H]
     q, k, v = adapter.qkv(layer, x)
+    blocks, q_rows = rows.blocks, pick
+    if last_only:
+        last = h.shape[0] - 1
+        if rows.last_position != last:
+            raise ValueError("last_only needs the sequence's last row among the computed rows")
+        x, q = x[-1:], q[-1:]  # [1, H], [1, nh, d]
+        blocks, q_rows = [RowBlock.run(0, last, 1)], slice(last, last + 1)
     if index is None:
         keys, values = k, v
     else:
@@ -94,7 +111,6 @@ def layer_step(adapter: QwenVLAdapter, layer: int,
         keys[pick] = k
         values[pick] = v
     rotated = apply_rope(keys, cos, sin)
-    q = apply_rope(q, cos[pick], sin[pick])
-    out = adapter.finish(layer, x, attend_blocks(q, rotated, values, rows.blocks,
-                                                 adapter.scaling))
+    q = apply_rope(q, cos[q_rows], sin[q_rows])
+    out = adapter.finish(layer, x, attend_blocks(q, rotated, values, blocks, adapter.scaling))
     return LayerOut(out, keys, values, rotated, q)

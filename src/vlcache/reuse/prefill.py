@@ -170,7 +170,10 @@ def selective_prefill(
         rows = Rows(index, blocks)
         spans = [CachedSpan(s.start, s.cached_keys[layer], s.cached_values[layer])
                  for s in reused]
-        step = layer_step(adapter, layer, h, rows, spans, cos, sin)
+        # past the last layer only the last row's output is read (its logits), unless the
+        # caller keeps the hidden states: the other rows need their K/V there, nothing more
+        last_only = layer == adapter.num_layers - 1 and not keep_hidden
+        step = layer_step(adapter, layer, h, rows, spans, cos, sin, last_only)
         for i, (ks, vs) in captured.items():
             s = segments[i]
             ks.append(step.keys[s.start:s.start + s.length].clone())
@@ -179,7 +182,9 @@ def selective_prefill(
             rows_kv[0].append(step.keys[capture_rows[0]:capture_rows[1]].clone())
             rows_kv[1].append(step.values[capture_rows[0]:capture_rows[1]].clone())
         cache.write_prefill(layer, step.rotated, step.values)
-        if index is None:
+        if last_only:
+            h[-1:] = step.hidden
+        elif index is None:
             h = step.hidden
         else:
             h[rows.pick] = step.hidden
