@@ -1,8 +1,9 @@
 """One decoder layer's seven projections at several row counts: PyTorch's plain `linear` against
 the oneDNN-packed weights, one per projection and fused as the engine packs them on the CPU
 (q/k/v and gate/up as one weight each; models/packing.py), alternated in one process (one
-thread), medians and the median of per-round ratios. One layer's weights (~60 MB in fp32) may
-stay in the CPU's last-level cache here, unlike a whole model's.
+thread), medians and the median of per-round ratios (per layer). One layer's weights (~60 MB
+in fp32) may stay in the CPU's last-level cache here, unlike a whole model's: `--layers 24`
+runs the rows through 24 layers' weights in turn, as a prefill does.
 
     .venv/bin/python benchmarks/packed_linear.py --hidden 896 --intermediate 4864 --kv 128
 """
@@ -29,6 +30,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--layers", type=int, default=1, help="layers' weights run in turn")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
@@ -37,16 +39,12 @@ def main() -> None:
     h, i, kv = args.hidden, args.intermediate, args.kv
     shapes = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)]  # q k v o gate up down
     gen = torch.Generator().manual_seed(0)
-    plain = [torch.nn.Linear(n_in, n_out, bias=False).to(dtype) for n_out, n_in in shapes]
-    for lin in plain:
-        lin.weight.data = (torch.randn(lin.weight.shape, generator=gen) / 30).to(dtype)
-    packed = [PackedLinear(lin) for lin in plain]
-    q, k, v, o, gate, up, down = plain
-    fused = [FusedPackedLinear([q, k, v]), PackedLinear(o), FusedPackedLinear([gate, up]),
-             PackedLinear(down)]
+    layers = [_layer(shapes, dtype, gen) for _ in range(args.layers)]
+    plain = layers[0][0]
     print(f"CPU: {platform.processor() or platform.machine()}; torch {torch.__version__}; "
           f"{args.dtype}; {torch.get_num_threads()} thread(s); q,k,v,o,gate,up,down of "
-          f"hidden {h}, intermediate {i}, k/v {kv}; {args.rounds} rounds alternated\n")
+          f"hidden {h}, intermediate {i}, k/v {kv}; {args.layers} layer(s); {args.rounds} "
+          f"rounds alternated\n")
     print("| rows | plain ms | packed ms | fused ms | plain / packed | packed / fused "
           "| max abs diff |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
@@ -56,19 +54,33 @@ def main() -> None:
             inputs = {"plain": xs, "packed": xs, "fused": [xs[0], xs[3], xs[4], xs[6]]}
             times: dict[str, list[float]] = {"plain": [], "packed": [], "fused": []}
             for _ in range(args.rounds + 1):  # the first round warms up, not counted
-                for name, mods in (("plain", plain), ("packed", packed), ("fused", fused)):
+                for j, name in enumerate(times):
                     start = time.perf_counter()
-                    for x, mod in zip(inputs[name], mods, strict=True):
-                        mod(x)
-                    times[name].append(time.perf_counter() - start)
+                    for layer in layers:
+                        for x, mod in zip(inputs[name], layer[j], strict=True):
+                            mod(x)
+                    times[name].append((time.perf_counter() - start) / len(layers))
             a, b, c = times["plain"][1:], times["packed"][1:], times["fused"][1:]
             diff = max((F.linear(x, lin.weight) - pk(x)).abs().max().item()
-                       for x, lin, pk in zip(xs, plain, packed, strict=True))
+                       for x, lin, pk in zip(xs, plain, layers[0][1], strict=True))
             ratio = statistics.median(x / y for x, y in zip(a, b, strict=True))
             ratio_fused = statistics.median(x / y for x, y in zip(b, c, strict=True))
             print(f"| {m} | {statistics.median(a) * 1e3:.2f} | {statistics.median(b) * 1e3:.2f} "
                   f"| {statistics.median(c) * 1e3:.2f} | {ratio:.2f} | {ratio_fused:.2f} "
                   f"| {diff:.1e} |")
+
+
+def _layer(shapes: list[tuple[int, int]], dtype: torch.dtype, gen: torch.Generator
+           ) -> tuple[list[torch.nn.Module], list[torch.nn.Module], list[torch.nn.Module]]:
+    """One layer's projections three ways: plain, packed one by one, packed as the engine
+    fuses them (q/k/v, o, gate/up, down)."""
+    plain = [torch.nn.Linear(n_in, n_out, bias=False).to(dtype) for n_out, n_in in shapes]
+    for lin in plain:
+        lin.weight.data = (torch.randn(lin.weight.shape, generator=gen) / 30).to(dtype)
+    q, k, v, o, gate, up, down = plain
+    fused = [FusedPackedLinear([q, k, v]), PackedLinear(o), FusedPackedLinear([gate, up]),
+             PackedLinear(down)]
+    return plain, [PackedLinear(lin) for lin in plain], fused
 
 
 if __name__ == "__main__":

@@ -7,12 +7,12 @@ moved image's recomputed tokens run 4–70 rows through every projection, where 
 after loading; their results differ from MKL's by rounding only (fp32: ~1e-5 absolute on
 outputs of order 1; another summation order).
 
-MKL stays faster for one row (a decode step, ~10%) and for many (fp32, end to end, fixture, one
-thread: 4% on a 1,052-token miss, 7% on 1,857 rows of text; `benchmarks/packing_modes.py`),
-so the fp32 default (`dual`)
-keeps the plain weight as well and sends those inputs to it: the decoder's weights are held
-twice. `packed` holds only the packed copy (no extra memory); `off` packs nothing. For bf16 the
-two run at the same speed for many rows, so there `auto` packs only.
+MKL stays faster for one row (a decode step, ~13%) and for more than 256 rows (fp32, one
+thread, 24 layers' weights in turn: 2-3% at 264-512 rows, 14% at 1,052; oneDNN's packed
+matmul steps up at 257 rows; `benchmarks/packed_linear.py --layers 24`), so the fp32 default
+(`dual`) keeps the plain weight as well and sends those inputs to it: the decoder's weights are
+held twice. `packed` holds only the packed copy (no extra memory); `off` packs nothing. For bf16
+the two run at the same speed for many rows, so there `auto` packs only.
 
 Projections of the same input are packed as one weight (`FusedPackedLinear`: q/k/v, and the
 MLP's gate/up): for a few rows the time goes to reading the weights, and one call reads them a
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 mkldnn = torch.ops.mkldnn  # (a seam for the tests' spies)
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 PACKING_MODES = ("auto", "dual", "packed", "off")
-PLAIN_ROWS = 512  # dual: inputs of one row, or this many or more, use the plain weight
+PLAIN_ROWS = 257  # dual: inputs of one row, or this many or more, use the plain weight
 
 
 def can_pack(device: torch.device | str, dtype: torch.dtype) -> bool:
