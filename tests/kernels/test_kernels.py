@@ -29,6 +29,13 @@ def test_silu_mul_equals_silu_times_up(shape):
     inplace = g.clone()
     kernels.cpu_kernels().silu_mul(inplace, u, inplace)
     assert torch.equal(inplace, out)
+    gate_bias, up_bias = torch.randn(2, cols, generator=gen).unbind()
+    kernels.cpu_kernels().silu_mul(g, u, out, gate_bias, up_bias)
+    torch.testing.assert_close(out, F.silu(g + gate_bias) * (u + up_bias), atol=1e-6, rtol=1e-6)
+    kernels.cpu_kernels().silu_mul(g, u, out, None, up_bias)  # either bias may be missing
+    torch.testing.assert_close(out, F.silu(g) * (u + up_bias), atol=1e-6, rtol=1e-6)
+    with pytest.raises(RuntimeError, match="bias"):
+        kernels.cpu_kernels().silu_mul(g, u, out, torch.zeros(cols + 1))
 
 
 @needs_kernels

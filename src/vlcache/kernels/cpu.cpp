@@ -4,7 +4,7 @@
 //   query heads that share a key/value head stacked into one matrix, so that each block's two
 //   products are single GEMMs of 7x more rows than a per-head kernel runs (Qwen2.5's 14 query
 //   heads on 2 KV heads); online softmax over key blocks (flash attention's recurrence).
-// silu_mul: silu(gate) * up in one pass (the gated MLP's activation).
+// silu_mul: silu(gate + bias) * (up + bias) in one pass (the gated MLP's activation).
 #if defined(__AVX512F__)
 #define CPU_CAPABILITY_AVX512
 #define CPU_CAPABILITY AVX512
@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 // BLAS's sgemm (column-major), exported by libtorch_cpu (MKL inside PyTorch's CPU wheels).
@@ -146,25 +147,45 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   return out;
 }
 
-// out[r, c] = silu(gate[r, c]) * up[r, c]; rows may be strided, columns contiguous; out may
-// be gate itself.
-void silu_mul(const torch::Tensor& gate, const torch::Tensor& up, torch::Tensor& out) {
+// out[r, c] = silu(gate[r, c] + gate_bias[c]) * (up[r, c] + up_bias[c]) (each bias optional);
+// rows may be strided, columns contiguous; out may be gate itself.
+void silu_mul(const torch::Tensor& gate, const torch::Tensor& up, torch::Tensor& out,
+              const std::optional<torch::Tensor>& gate_bias,
+              const std::optional<torch::Tensor>& up_bias) {
   TORCH_CHECK(gate.dim() == 2 && up.sizes() == gate.sizes() && out.sizes() == gate.sizes());
   TORCH_CHECK(gate.scalar_type() == at::kFloat && up.scalar_type() == at::kFloat &&
               out.scalar_type() == at::kFloat, "float32 only");
   TORCH_CHECK(gate.stride(1) == 1 && up.stride(1) == 1 && out.stride(1) == 1);
   const int64_t rows = gate.size(0), cols = gate.size(1);
+  auto bias = [cols](const std::optional<torch::Tensor>& b) -> const float* {
+    if (!b.has_value() || !b->defined()) return nullptr;
+    TORCH_CHECK(b->scalar_type() == at::kFloat && b->dim() == 1 && b->size(0) == cols &&
+                b->stride(0) == 1, "a bias must be [cols] float32, contiguous");
+    return b->data_ptr<float>();
+  };
+  const float *gb = bias(gate_bias), *ub = bias(up_bias);
   const float *gp = gate.data_ptr<float>(), *upp = up.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t gs = gate.stride(0), us = up.stride(0), os = out.stride(0);
+  auto one = [gb, ub](const float* g, const float* u, float* o, int64_t c, int64_t n) {
+    Vec x = Vec::loadu(g + c, n), y = Vec::loadu(u + c, n);
+    if (gb) x = x + Vec::loadu(gb + c, n);
+    if (ub) y = y + Vec::loadu(ub + c, n);
+    (x / (Vec(1.f) + x.neg().exp()) * y).store(o + c, n);
+  };
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      at::vec::map2([](Vec x, Vec u) { return x / (Vec(1.f) + x.neg().exp()) * u; },
-                    op + r * os, gp + r * gs, upp + r * us, cols);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *g = gp + r * gs, *u = upp + r * us;
+      float* o = op + r * os;
+      int64_t c = 0;
+      for (; c + Vec::size() <= cols; c += Vec::size()) one(g, u, o, c, Vec::size());
+      if (c < cols) one(g, u, o, c, cols - c);
+    }
   });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention);
-  m.def("silu_mul", &silu_mul);
+  m.def("silu_mul", &silu_mul, py::arg("gate"), py::arg("up"), py::arg("out"),
+        py::arg("gate_bias") = py::none(), py::arg("up_bias") = py::none());
 }
