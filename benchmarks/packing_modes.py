@@ -1,7 +1,9 @@
-"""End to end, one engine, the packings of models/packing.py alternated request by request:
-`dual` (plain weights for one row and for many, packed ones between), `packed` (packed only)
-and `off` (plain only), on a miss, the same prompt again, a moved image and a long text after
-the image. One thread; medians and the median per-round ratio to `dual`.
+"""End to end, the packings of models/packing.py side by side, one engine each, alternated
+request by request: `dual` (MKL-packed weights for one row and for many, oneDNN's between),
+`dual-plain` (dual where MKL's packing is missing: plain weights there), `packed` (oneDNN's
+only) and `off` (plain only), on a miss, the same prompt again, a moved image and a long text
+after the image. One thread; medians and the median per-round ratio to the first
+(`dual` unless `--modes` says otherwise).
 
     .venv/bin/python benchmarks/packing_modes.py --model ~/.cache/vlcache/fixture-qwen2_5_vl-0.5b
 """
@@ -25,16 +27,24 @@ from peer.images import noise_image  # noqa: E402
 from vlcache.engine import Engine  # noqa: E402
 from vlcache.models import packing  # noqa: E402
 
-MODES = ("dual", "packed", "off")
+MODES = ("dual", "dual-plain", "packed", "off")
 CASES = ("miss", "same", "moved", "long")
 
 
-def set_mode(modules: list[packing.PackedLinear], weights: list[torch.Tensor], mode: str,
-             plain_rows: int) -> None:
-    """Every packed projection as if the engine had been built with `mode`."""
-    for mod, weight in zip(modules, weights, strict=True):
-        mod.weight = None if mode == "packed" else weight
-        mod.plain_rows = 1 if mode == "off" else plain_rows  # off: every input takes the plain
+def load(model: str, mode: str) -> Engine:
+    """An engine with `mode`'s packing (`dual-plain`: `dual` as where MKL cannot pack)."""
+    engine = Engine.from_pretrained(model, store="memory://?max_bytes=4GB", dtype=torch.float32,
+                                    device="cpu", packing="off")
+    if mode != "off":
+        mkl = packing.can_pack_mkl
+        if mode == "dual-plain":
+            packing.can_pack_mkl = lambda dtype: False
+        try:
+            packing.pack_decoder_layers(engine.adapter.layers, dual=mode != "packed")
+        finally:
+            packing.can_pack_mkl = mkl
+        engine.packing = engine.adapter.packing = "packed" if mode == "packed" else "dual"
+    return engine
 
 
 def main() -> None:
@@ -45,12 +55,14 @@ def main() -> None:
     p.add_argument("--long-words", type=int, default=1800, help="words of text (long case)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--policy", default="static:0.05")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help=f"packings to compare, the first the reference ({', '.join(MODES)})")
     args = p.parse_args()
+    modes = args.modes.split(",")
+    if unknown := set(modes) - set(MODES):
+        p.error(f"--modes: unknown {', '.join(sorted(unknown))}")
     torch.set_num_threads(1)
-    engine = Engine.from_pretrained(args.model, store="memory://?max_bytes=4GB",
-                                    dtype=torch.float32, device="cpu", packing="dual")
-    mods = [m for m in engine.model.modules() if isinstance(m, packing.PackedLinear)]
-    weights = [m.weight for m in mods]
+    engines = {mode: load(args.model, mode) for mode in modes}
     image = noise_image(args.tokens, 1)
     rng = random.Random(0)
 
@@ -60,12 +72,12 @@ def main() -> None:
                   {"type": "text", "text": after + "Describe this picture in one word."}]
         return [{"role": "system", "content": system}, {"role": "user", "content": parts}]
 
-    engine.generate(messages(image), policy=args.policy, max_tokens=1)  # caches the image
+    for engine in engines.values():
+        engine.generate(messages(image), policy=args.policy, max_tokens=1)  # caches the image
     times: dict[tuple[str, str], list[float]] = {}
     for r in range(args.rounds):
         text = " ".join(rng.choice(WORDS) for _ in range(args.long_words))  # one per round
-        for mode in MODES:
-            set_mode(mods, weights, mode, packing.PLAIN_ROWS)
+        for mode, engine in engines.items():
             for case in CASES:
                 if case == "miss":  # a fresh image per round, the same for every mode
                     msgs = messages(noise_image(args.tokens, 1000 + r))
@@ -82,16 +94,19 @@ def main() -> None:
             print(f"round {r} {mode}: " + ", ".join(
                 f"{c} {times[(c, mode)][-1]:.2f} s" for c in CASES), flush=True)
     print(f"\n{args.model}, {args.tokens} image tokens, {args.rounds} rounds, one thread; "
-          f"plain rows: 1 and >= {packing.PLAIN_ROWS}\n")
-    print("| case | " + " | ".join(f"{m} s" for m in MODES) + " | dual vs packed | dual vs off |")
-    print("|---|" + "---:|" * (len(MODES) + 2))
+          f"dual: outer rows 1 and >= {packing.MKL_ROWS} (MKL), 1 and >= {packing.PLAIN_ROWS} "
+          f"(plain)\n")
+    ref = modes[0]
+    print("| case | " + " | ".join(f"{m} s" for m in modes) + " | "
+          + " | ".join(f"{m} ÷ {ref}" for m in modes[1:]) + " |")
+    print("|---|" + "---:|" * (2 * len(modes) - 1))
     for case in CASES:
-        med = {m: statistics.median(times[(case, m)]) for m in MODES}
+        med = {m: statistics.median(times[(case, m)]) for m in modes}
         ratio = {m: statistics.median(a / b for a, b in zip(times[(case, m)],
-                                                            times[(case, "dual")], strict=True))
-                 for m in MODES}
-        print(f"| {case} | " + " | ".join(f"{med[m]:.2f}" for m in MODES)
-              + f" | {ratio['packed']:.2f}× | {ratio['off']:.2f}× |")
+                                                            times[(case, ref)], strict=True))
+                 for m in modes}
+        print(f"| {case} | " + " | ".join(f"{med[m]:.2f}" for m in modes) + " | "
+              + " | ".join(f"{ratio[m]:.2f}×" for m in modes[1:]) + " |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""oneDNN-packed decoder weights (the CPU default) change rounding only: the engine with them
-equals plain transformers with PyTorch's own matmuls, in every packing, which can be turned
-off."""
+"""Packed decoder weights (the CPU default: oneDNN's layout, and MKL's in `dual`) change
+rounding only: the engine with them equals plain transformers with PyTorch's own matmuls, in
+every packing, which can be turned off."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from vlcache.models.packing import (
     FusedSlice,
     PackedLinear,
     can_pack,
+    can_pack_mkl,
     pack_decoder_layers,
 )
 
@@ -28,26 +29,39 @@ def _decoder_linears(engine: Engine) -> list[torch.nn.Module]:
             if isinstance(m, (torch.nn.Linear, PackedLinear))]
 
 
-@pytest.mark.parametrize("mode", ["dual", "packed"])
+def _without_mkl(monkeypatch) -> None:
+    """Packing as where MKL's packed sgemm is missing (another BLAS, the kernels off)."""
+    monkeypatch.setattr(packing_module, "can_pack_mkl", lambda dtype: False)
+
+
+@pytest.mark.parametrize("mode", ["dual", "dual-plain", "packed"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_packed_engine_equals_plain_transformers_at_a_moved_image(arch, mode, tiny_checkpoints,
                                                                    monkeypatch):
-    # dual: the tiny prompts' prefills (~60 rows) take the plain weights, the recomputed rows
-    # of a hit (2..15) the packed ones
+    # dual: the tiny prompts' prefills (~60 rows) take the outer weights (MKL-packed, or plain
+    # in dual-plain), the recomputed rows of a hit (2..15) oneDNN's
+    monkeypatch.setattr(packing_module, "MKL_ROWS", 16)
     monkeypatch.setattr(packing_module, "PLAIN_ROWS", 16)
-    packed = Engine.from_pretrained(tiny_checkpoints[arch], policy="static:1.0", packing=mode)
+    monkeypatch.setattr(packing_module, "CHUNK_ROWS", 16)  # and run in row chunks of 16
+    mkl = mode == "dual" and can_pack_mkl(torch.float32)
+    if mode == "dual-plain":
+        _without_mkl(monkeypatch)
+    dual = mode != "packed"
+    packed = Engine.from_pretrained(tiny_checkpoints[arch], policy="static:1.0",
+                                    packing="dual" if dual else mode)
     plain = Engine.from_pretrained(tiny_checkpoints[arch], policy="static:1.0", packing="off")
-    assert packed.packing == mode and plain.packing == "off"
+    assert packed.packing == ("dual" if dual else mode) and plain.packing == "off"
     for layer in packed.adapter.layers:  # q/k/v and gate/up fused, the rest packed alone
         attn, mlp = layer.self_attn, layer.mlp
         assert type(attn.fused_qkv) is FusedPackedLinear
         assert type(mlp.fused_gate_up) is FusedPackedLinear
         members = [attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj]
-        # dual: the members keep their plain weights; packed: they are slices of the fused one
-        assert all(type(m) is (torch.nn.Linear if mode == "dual" else FusedSlice)
-                   for m in members)
-        for m in (attn.o_proj, mlp.down_proj):
-            assert type(m) is PackedLinear and (m.weight is not None) == (mode == "dual")
+        assert all(type(m) is FusedSlice for m in members)  # slices of the fused weight
+        for m in (attn.fused_qkv, attn.o_proj, mlp.fused_gate_up, mlp.down_proj):
+            assert type(m) in (PackedLinear, FusedPackedLinear)
+            assert (m.outer is not None) == dual
+            if dual:  # MKL's packed copy where it can be made, else the plain weight
+                assert (m.outer.mkl is not None, m.outer.weight is not None) == (mkl, not mkl)
     assert all(type(m) is torch.nn.Linear for m in _decoder_linears(plain))
     assert not hasattr(plain.adapter.layers[0].self_attn, "fused_qkv")
     assert type(packed.adapter.lm_head) is torch.nn.Linear  # one row a step: left as it is
@@ -76,9 +90,18 @@ def test_default_packing_and_refusals(tiny_checkpoints):
         Engine.from_pretrained(path, packing="fast")
 
 
-def test_dual_sends_many_rows_to_the_plain_weight(monkeypatch):
+@pytest.mark.parametrize("mkl", [True, False])
+def test_dual_sends_one_row_and_many_to_the_outer_weight(mkl, monkeypatch):
+    if mkl and not can_pack_mkl(torch.float32):
+        pytest.skip("MKL's packed sgemm is not available here")
+    if not mkl:
+        _without_mkl(monkeypatch)
+    monkeypatch.setattr(packing_module, "MKL_ROWS", 3)
+    monkeypatch.setattr(packing_module, "PLAIN_ROWS", 3)
+    monkeypatch.setattr(packing_module, "CHUNK_ROWS", 4)  # 7 and 10 rows: in row chunks
     lin = torch.nn.Linear(8, 4)
-    layer = PackedLinear(lin, plain_rows=3)
+    layer = PackedLinear(lin, dual=True)
+    assert (layer.outer.mkl is not None) == mkl and layer.outer.from_rows == 3
     calls = []
     real = torch.ops.mkldnn._linear_pointwise
 
@@ -92,11 +115,14 @@ def test_dual_sends_many_rows_to_the_plain_weight(monkeypatch):
     for rows in (1, 2, 3, 7):
         x = torch.randn(rows, 8)
         torch.testing.assert_close(layer(x), lin(x), atol=1e-6, rtol=1e-6)
-    assert calls == [2]  # 1, 3 and 7 rows: the plain weight
+    x = torch.randn(2, 5, 8)  # leading dimensions: 10 rows
+    torch.testing.assert_close(layer(x), lin(x), atol=1e-6, rtol=1e-6)
+    assert calls == [2]  # 1, 3, 7 and 10 rows: the outer weight
+    assert [(c.start, c.stop) for c in packing_module.row_chunks(10)] == [(0, 4), (4, 8), (8, 10)]
 
 
-@pytest.mark.parametrize("plain_rows", [None, 3])
-def test_fused_projections_equal_their_members(plain_rows):
+@pytest.mark.parametrize("dual", [False, True])
+def test_fused_projections_equal_their_members(dual):
     torch.manual_seed(0)
     layer = torch.nn.Module()
     layer.self_attn = torch.nn.Module()
@@ -104,16 +130,14 @@ def test_fused_projections_equal_their_members(plain_rows):
         setattr(layer.self_attn, name, torch.nn.Linear(8, out, bias=bias))
     layer.self_attn.o_proj = torch.nn.Linear(8, 8)
     before = {n: getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj")}
-    assert pack_decoder_layers(torch.nn.ModuleList([layer]), plain_rows) == 2  # fused + o_proj
+    assert pack_decoder_layers(torch.nn.ModuleList([layer]), dual) == 2  # fused + o_proj
     fused = layer.self_attn.fused_qkv
-    assert fused.sizes == [8, 4, 4]
-    assert [fused.takes(r) for r in (1, 2, 3)] == ([True] * 3 if plain_rows is None
-                                                   else [False, True, False])
-    for rows in (1, 2, 5):
+    assert fused.sizes == [8, 4, 4] and (fused.outer is not None) == dual
+    for rows in (1, 2, 5, 300):  # 1 and 300: the outer weight in dual
         x = torch.randn(rows, 8)
         parts = fused(x)
         for part, (name, lin) in zip(parts, before.items(), strict=True):
-            torch.testing.assert_close(part, lin(x), atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(part, lin(x), atol=1e-5, rtol=1e-5)
             member = getattr(layer.self_attn, name)  # what transformers' forward calls
-            assert (member is lin) == (plain_rows is not None)
-            torch.testing.assert_close(member(x), lin(x), atol=1e-6, rtol=1e-6)
+            assert type(member) is FusedSlice
+            torch.testing.assert_close(member(x), lin(x), atol=1e-5, rtol=1e-5)

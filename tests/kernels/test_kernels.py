@@ -1,5 +1,5 @@
-"""vlcache's CPU kernels: the fused activation equals PyTorch's, and the loader degrades to
-PyTorch's operators when the kernels are off or cannot be built."""
+"""vlcache's CPU kernels: the fused activation and the MKL-packed linear equal PyTorch's, and
+the loader degrades to PyTorch's operators when the kernels are off or cannot be built."""
 
 from __future__ import annotations
 
@@ -58,6 +58,29 @@ def test_the_mlp_uses_the_kernel_and_equals_the_module(monkeypatch):
         assert calls == [1]
         adapter_module._mlp(mlp.bfloat16(), x.bfloat16())  # bf16: PyTorch's operators
     assert calls == [1]
+
+
+@needs_kernels
+def test_mkl_packed_linear_equals_linear_at_any_row_count():
+    ops = kernels.cpu_kernels()
+    if not ops.mkl_packing():
+        pytest.skip("PyTorch's BLAS here has no cblas_sgemm_pack")
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(72, 40, generator=gen)  # [out, in]
+    bias = torch.randn(72, generator=gen)
+    kept = bias.clone()
+    packed = ops.mkl_pack(weight, 4096)  # packed for many rows, used by any count
+    for rows in (0, 1, 2, 25, 26, 300):
+        x = torch.randn(rows, 40, generator=gen)
+        torch.testing.assert_close(ops.mkl_linear(x, packed, 72), x @ weight.T,
+                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ops.mkl_linear(x, packed, 72, bias), F.linear(x, weight, bias),
+                                   atol=1e-5, rtol=1e-5)
+    assert torch.equal(bias, kept)  # the output starts as a copy of the bias, never a view
+    with pytest.raises(RuntimeError, match="bias"):
+        ops.mkl_linear(x, packed, 72, torch.zeros(71))
+    with pytest.raises(RuntimeError, match="contiguous"):
+        ops.mkl_linear(torch.randn(40, 3).T, packed, 72)
 
 
 @pytest.fixture

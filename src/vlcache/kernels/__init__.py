@@ -1,4 +1,5 @@
-"""vlcache's own CPU kernels (`cpu.cpp`): GQA-stacked causal attention and a fused silu*up.
+"""vlcache's own CPU kernels (`cpu.cpp`): GQA-stacked causal attention, a fused silu*up, and
+linear layers over weights packed once for MKL's sgemm (where PyTorch's BLAS is MKL).
 
 Built once per machine and install on first use with PyTorch's C++ extension tooling (a C++
 compiler and ninja; ~25 s here), into ~/.cache/vlcache/kernels/<tag>, where the tag names the

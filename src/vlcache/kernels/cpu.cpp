@@ -5,6 +5,9 @@
 //   products are single GEMMs of 7x more rows than a per-head kernel runs (Qwen2.5's 14 query
 //   heads on 2 KV heads); online softmax over key blocks (flash attention's recurrence).
 // silu_mul: silu(gate + bias) * (up + bias) in one pass (the gated MLP's activation).
+// mkl_pack / mkl_linear: a linear layer's weight packed once into MKL's internal layout
+//   (cblas_sgemm_pack), then x W^T + b from it (cblas_sgemm_compute): no per-call packing of
+//   the weight, which plain sgemm redoes on every call.
 #if defined(__AVX512F__)
 #define CPU_CAPABILITY_AVX512
 #define CPU_CAPABILITY AVX512
@@ -27,6 +30,21 @@
 extern "C" void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k,
                        const float* alpha, const float* a, const int* lda, const float* b,
                        const int* ldb, const float* beta, float* c, const int* ldc);
+
+// MKL's packed GEMM (CBLAS, LP64 ints), weak: a BLAS without it leaves them null, and
+// mkl_packing() says so instead of the module failing to load.
+extern "C" {
+__attribute__((weak)) size_t cblas_sgemm_pack_get_size(int identifier, int m, int n, int k);
+__attribute__((weak)) void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n,
+                                            int k, float alpha, const float* src, int ld,
+                                            float* dest);
+__attribute__((weak)) void cblas_sgemm_compute(int layout, int transa, int transb, int m, int n,
+                                               int k, const float* a, int lda, const float* b,
+                                               int ldb, float beta, float* c, int ldc);
+}
+namespace cblas {  // the CBLAS enum values MKL's headers give
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162;
+}
 
 namespace {
 
@@ -184,7 +202,64 @@ void silu_mul(const torch::Tensor& gate, const torch::Tensor& up, torch::Tensor&
   });
 }
 
+bool mkl_packing() {
+  return cblas_sgemm_pack_get_size != nullptr && cblas_sgemm_pack != nullptr &&
+         cblas_sgemm_compute != nullptr;
+}
+
+// weight [n, k] (nn.Linear's layout), packed for products with `rows_hint` input rows (MKL
+// picks its blocking by it; any row count may use the result) -> an opaque float32 buffer that
+// must stay where it is (MKL's layout depends on its address's alignment: never copy it).
+torch::Tensor mkl_pack(const torch::Tensor& weight, int64_t rows_hint) {
+  TORCH_CHECK(mkl_packing(), "this BLAS has no cblas_sgemm_pack");
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.is_contiguous(),
+              "the weight must be [n, k] float32, contiguous");
+  const int n = weight.size(0), k = weight.size(1), m = std::max<int64_t>(rows_hint, 1);
+  const size_t bytes = cblas_sgemm_pack_get_size(cblas::kBMatrix, m, n, k);
+  auto packed = torch::empty({static_cast<int64_t>((bytes + 3) / 4)}, weight.options());
+  cblas_sgemm_pack(cblas::kRowMajor, cblas::kBMatrix, cblas::kTrans, m, n, k, 1.f,
+                   weight.data_ptr<float>(), k, packed.data_ptr<float>());
+  return packed;
+}
+
+// x [m, k] contiguous, `packed` from mkl_pack of an [n, k] weight -> x W^T + bias, [m, n],
+// written into `out` where given (an [m, n] tensor with contiguous rows, e.g. a row slice).
+torch::Tensor mkl_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t n,
+                         const std::optional<torch::Tensor>& bias,
+                         const std::optional<torch::Tensor>& out) {
+  TORCH_CHECK(mkl_packing(), "this BLAS has no cblas_sgemm_compute");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be [rows, k] float32, contiguous");
+  TORCH_CHECK(packed.scalar_type() == at::kFloat && packed.dim() == 1, "not an mkl_pack buffer");
+  const int m = x.size(0), k = x.size(1);
+  torch::Tensor c;
+  if (out.has_value() && out->defined()) {
+    TORCH_CHECK(out->dim() == 2 && out->size(0) == m && out->size(1) == n &&
+                    out->scalar_type() == at::kFloat && out->stride(1) == 1 && out->stride(0) >= n,
+                "out must be [rows, n] float32 with contiguous rows");
+    c = *out;
+  } else {
+    c = torch::empty({m, n}, x.options());
+  }
+  float beta = 0.f;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == n,
+                "the bias must be [n] float32");
+    c.copy_(bias->expand({m, n}));  // C = bias, then C += x W^T (c is never a view of the bias)
+    beta = 1.f;
+  }
+  if (m > 0)
+    cblas_sgemm_compute(cblas::kRowMajor, cblas::kNoTrans, cblas::kPacked, m, n, k,
+                        x.data_ptr<float>(), k, packed.data_ptr<float>(), k, beta,
+                        c.data_ptr<float>(), c.stride(0));
+  return c;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("mkl_packing", &mkl_packing);
+  m.def("mkl_pack", &mkl_pack, py::arg("weight"), py::arg("rows_hint"));
+  m.def("mkl_linear", &mkl_linear, py::arg("x"), py::arg("packed"), py::arg("n"),
+        py::arg("bias") = py::none(), py::arg("out") = py::none());
   m.def("attention", &attention);
   m.def("silu_mul", &silu_mul, py::arg("gate"), py::arg("up"), py::arg("out"),
         py::arg("gate_bias") = py::none(), py::arg("up_bias") = py::none());

@@ -67,18 +67,18 @@ class DecoderAdapter:
         self.qk_norm: bool = hasattr(attn, "k_norm")
         self.dtype: torch.dtype = next(model.parameters()).dtype
         self.device: torch.device = next(model.parameters()).device
-        self.packing: str = "off"  # decoder projections packed for oneDNN (pack_weights)
+        self.packing: str = "off"  # decoder projections packed (pack_weights)
         if self.device.type == "cpu":
             keep_freed_memory()  # large activations reuse freed memory, no page faults
 
     def pack_weights(self, mode: str = "auto") -> str:
-        """Pack the decoder layers' projections for oneDNN (models/packing.py): `auto`,
-        `dual`, `packed` or `off`; -> the packing the model has (once packed, it stays)."""
-        from vlcache.models.packing import PLAIN_ROWS, pack_decoder_layers, resolve_packing
+        """Pack the decoder layers' projections (models/packing.py): `auto`, `dual`, `packed`
+        or `off`; -> the packing the model has (once packed, it stays)."""
+        from vlcache.models.packing import pack_decoder_layers, resolve_packing
 
         resolved = resolve_packing(mode, self.device, self.dtype)
         if self.packing == "off" and resolved != "off":
-            pack_decoder_layers(self.layers, PLAIN_ROWS if resolved == "dual" else None)
+            pack_decoder_layers(self.layers, dual=resolved == "dual")
             self.packing = resolved
         return self.packing
 
@@ -105,7 +105,7 @@ class DecoderAdapter:
         xn = block.input_layernorm(x)
         c = x.shape[0]
         fused = getattr(attn, "fused_qkv", None)  # models/packing.py
-        if fused is not None and fused.takes(c):
+        if fused is not None:
             q, k, v = fused(xn)  # views of one [c, (nh + 2 kvh) d] result
         else:
             q, k, v = attn.q_proj(xn), attn.k_proj(xn), attn.v_proj(xn)

@@ -4,8 +4,8 @@ tensors, for the decoder and for Qwen2.5-VL's vision tower.
 The activation and the product are done in place, or, in fp32 on the CPU where vlcache's
 kernels are built, by one `silu_mul` pass (1.5x faster than PyTorch's two at 284 rows;
 `benchmarks/cpu_kernels.py`). Where gate and up are one weight (`fused_gate_up`: the decoder's
-oneDNN-packed copy, models/packing.py, or a `StackedLinear`), they are one matmul whose result
-holds both as views.
+packed copy, models/packing.py, or a `StackedLinear`), they are one matmul whose result holds
+both as views.
 
 Qwen2.5-VL's vision blocks run their MLP over every patch (4,096 for a 1,024-token image) in
 transformers' own forward: two matmuls with biases, an activation and a product, each writing a
@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from vlcache.kernels import cpu_kernels, usable
+from vlcache.models.packing import row_chunks
 
 SILU_CLASSES = {"SiLU", "SiLUActivation"}  # torch's and transformers' (F.silu in both)
 
@@ -34,7 +35,21 @@ def is_gated(mlp: torch.nn.Module) -> bool:
 
 def gated_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:  # [c, H] -> [c, H]
     """`mlp`'s gated MLP as the model computes it (it has `down_proj`, `act_fn`, and
-    `gate_proj` / `up_proj` or a `fused_gate_up` that takes these rows)."""
+    `gate_proj` / `up_proj` or a `fused_gate_up`), over at most `CHUNK_ROWS` rows at a time:
+    each chunk's [rows, 2I] intermediates stay in the CPU's cache between the matmuls and the
+    activation."""
+    chunks = row_chunks(x.shape[0])
+    if len(chunks) == 1:
+        return _gated_mlp_rows(mlp, x)
+    first = _gated_mlp_rows(mlp, x[chunks[0]])  # [chunk, H]
+    out = first.new_empty(x.shape[0], first.shape[-1])  # [c, H]
+    out[chunks[0]] = first
+    for rows in chunks[1:]:
+        out[rows] = _gated_mlp_rows(mlp, x[rows])
+    return out
+
+
+def _gated_mlp_rows(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:  # [c, H] -> [c, H]
     act, down = mlp.act_fn, mlp.down_proj
     silu = type(act).__name__ in SILU_CLASSES
     fused = getattr(mlp, "fused_gate_up", None)
@@ -44,7 +59,7 @@ def gated_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:  # [c, H] 
         a = g.new_empty(g.shape)  # [c, I]
         cpu_kernels().silu_mul(g, u, a, *fused.bias_parts())  # type: ignore[union-attr]
         return down(a)
-    if fused is not None and fused.takes(x.numel() // x.shape[-1]):
+    if fused is not None:
         g, u = fused(x)  # views of one [c, 2I] result
         if silu and usable(g):
             a = g.new_empty(g.shape)  # [c, I]
@@ -77,9 +92,6 @@ class StackedLinear(torch.nn.Module):
                               else weight.new_zeros(m.out_features) for m in linears])
             bias = torch.nn.Parameter(bias, requires_grad=False)
         self.bias = bias
-
-    def takes(self, rows: int) -> bool:
-        return True
 
     def forward(self, x: torch.Tensor, with_bias: bool = True
                 ) -> tuple[torch.Tensor, ...]:  # [..., in] -> [..., out_i]
