@@ -20,6 +20,8 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -210,13 +212,19 @@ bool mkl_packing() {
 // weight [n, k] (nn.Linear's layout), packed for products with `rows_hint` input rows (MKL
 // picks its blocking by it; any row count may use the result) -> an opaque float32 buffer that
 // must stay where it is (MKL's layout depends on its address's alignment: never copy it).
+// The buffer is its own anonymous mapping: MKL asks for up to 3.6x the weight's bytes here but
+// writes about the weight's size, and pages never written are never resident (from the heap,
+// reused pages would be).
 torch::Tensor mkl_pack(const torch::Tensor& weight, int64_t rows_hint) {
   TORCH_CHECK(mkl_packing(), "this BLAS has no cblas_sgemm_pack");
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.is_contiguous(),
               "the weight must be [n, k] float32, contiguous");
   const int n = weight.size(0), k = weight.size(1), m = std::max<int64_t>(rows_hint, 1);
   const size_t bytes = cblas_sgemm_pack_get_size(cblas::kBMatrix, m, n, k);
-  auto packed = torch::empty({static_cast<int64_t>((bytes + 3) / 4)}, weight.options());
+  void* buffer = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  TORCH_CHECK(buffer != MAP_FAILED, "mkl_pack: cannot map ", bytes, " bytes");
+  auto packed = torch::from_blob(buffer, {static_cast<int64_t>(bytes / sizeof(float))},
+                                 [bytes](void* p) { munmap(p, bytes); }, weight.options());
   cblas_sgemm_pack(cblas::kRowMajor, cblas::kBMatrix, cblas::kTrans, m, n, k, 1.f,
                    weight.data_ptr<float>(), k, packed.data_ptr<float>());
   return packed;

@@ -7,15 +7,18 @@ are packed once after loading; their results differ from the plain matmul's by r
 (fp32: ~1e-5 absolute on outputs of order 1; another summation order).
 
 Two packed layouts, each fastest somewhere (fp32, one thread, 24 layers' weights in turn,
-`benchmarks/packed_linear.py --layers 24`): oneDNN's reordered weight for 2-25 rows, and
-MKL's own packed format (`cblas_sgemm_pack`, through vlcache's CPU kernels) for one row
-(a decode step: 7% faster than oneDNN's, 6% slower than the plain weight) and for 26 rows
-or more (4-20% faster than the plain weight up to 4,109 rows, which oneDNN is not). The fp32
-default (`dual`) holds both, so the decoder's weights are held twice. Where MKL's packing is
-not there (the kernels off or unbuilt, another BLAS, bf16), `dual` keeps the plain weight
-instead, for one row and for 257 rows or more (oneDNN's packed matmul steps up at 257 rows).
-`packed` holds only oneDNN's copy (no extra memory); `off` packs nothing. For bf16 the plain
-and oneDNN weights run at the same speed for many rows, so there `auto` packs for oneDNN only.
+`benchmarks/packed_linear.py --layers 24`, docs/bench/README.md "Packed weights"): oneDNN's
+reordered weight for 2-25 rows, and MKL's own packed format (`cblas_sgemm_pack`, through
+vlcache's CPU kernels) for 26 rows or more (7-16% faster than oneDNN's from 70 rows) and for
+one row (a decode step: 4% faster than oneDNN's; the plain weight would be 7% faster still).
+The fp32 default (`dual`) holds both, so the decoder's weights are held twice. Where MKL's
+packing is not there (the kernels off or unbuilt, another BLAS, bf16), `dual` keeps the plain
+weight instead, for one row and for 257 rows or more (oneDNN's packed matmul steps up at 257
+rows). `packed` holds only oneDNN's copy (no extra memory); `off` packs nothing. For bf16 the
+plain and oneDNN weights run at the same speed for many rows, so there `auto` packs for
+oneDNN only. The second copy runs more than `CHUNK_ROWS` rows 256 at a time: MKL's sgemm is
+faster per row at a few hundred rows than at thousands (so are the gated MLP's chunks,
+models/mlp.py).
 
 Projections of the same input are packed as one weight (`FusedPackedLinear`: q/k/v, and the
 MLP's gate/up): for a few rows the time goes to reading the weights, and one call reads them a
