@@ -42,7 +42,6 @@ def test_packed_engine_equals_plain_transformers_at_a_moved_image(arch, mode, ti
     # in dual-plain), the recomputed rows of a hit (2..15) oneDNN's
     monkeypatch.setattr(packing_module, "MKL_ROWS", 16)
     monkeypatch.setattr(packing_module, "PLAIN_ROWS", 16)
-    monkeypatch.setattr(packing_module, "CHUNK_ROWS", 16)  # and run in row chunks of 16
     mkl = mode == "dual" and can_pack_mkl(torch.float32)
     if mode == "dual-plain":
         _without_mkl(monkeypatch)
@@ -98,7 +97,6 @@ def test_dual_sends_one_row_and_many_to_the_outer_weight(mkl, monkeypatch):
         _without_mkl(monkeypatch)
     monkeypatch.setattr(packing_module, "MKL_ROWS", 3)
     monkeypatch.setattr(packing_module, "PLAIN_ROWS", 3)
-    monkeypatch.setattr(packing_module, "CHUNK_ROWS", 4)  # 7 and 10 rows: in row chunks
     lin = torch.nn.Linear(8, 4)
     layer = PackedLinear(lin, dual=True)
     assert (layer.outer.mkl is not None) == mkl and layer.outer.from_rows == 3
@@ -118,7 +116,6 @@ def test_dual_sends_one_row_and_many_to_the_outer_weight(mkl, monkeypatch):
     x = torch.randn(2, 5, 8)  # leading dimensions: 10 rows
     torch.testing.assert_close(layer(x), lin(x), atol=1e-6, rtol=1e-6)
     assert calls == [2]  # 1, 3, 7 and 10 rows: the outer weight
-    assert [(c.start, c.stop) for c in packing_module.row_chunks(10)] == [(0, 4), (4, 8), (8, 10)]
 
 
 @pytest.mark.parametrize("dual", [False, True])

@@ -230,44 +230,34 @@ torch::Tensor mkl_pack(const torch::Tensor& weight, int64_t rows_hint) {
   return packed;
 }
 
-// x [m, k] contiguous, `packed` from mkl_pack of an [n, k] weight -> x W^T + bias, [m, n],
-// written into `out` where given (an [m, n] tensor with contiguous rows, e.g. a row slice).
+// x [m, k] contiguous, `packed` from mkl_pack of an [n, k] weight -> x W^T + bias, [m, n].
 torch::Tensor mkl_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t n,
-                         const std::optional<torch::Tensor>& bias,
-                         const std::optional<torch::Tensor>& out) {
+                         const std::optional<torch::Tensor>& bias) {
   TORCH_CHECK(mkl_packing(), "this BLAS has no cblas_sgemm_compute");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be [rows, k] float32, contiguous");
   TORCH_CHECK(packed.scalar_type() == at::kFloat && packed.dim() == 1, "not an mkl_pack buffer");
   const int m = x.size(0), k = x.size(1);
-  torch::Tensor c;
-  if (out.has_value() && out->defined()) {
-    TORCH_CHECK(out->dim() == 2 && out->size(0) == m && out->size(1) == n &&
-                    out->scalar_type() == at::kFloat && out->stride(1) == 1 && out->stride(0) >= n,
-                "out must be [rows, n] float32 with contiguous rows");
-    c = *out;
-  } else {
-    c = torch::empty({m, n}, x.options());
-  }
+  auto out = torch::empty({m, n}, x.options());
   float beta = 0.f;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == n,
                 "the bias must be [n] float32");
-    c.copy_(bias->expand({m, n}));  // C = bias, then C += x W^T (c is never a view of the bias)
+    out.copy_(bias->expand({m, n}));  // C = bias, then C += x W^T (never a view of the bias)
     beta = 1.f;
   }
   if (m > 0)
     cblas_sgemm_compute(cblas::kRowMajor, cblas::kNoTrans, cblas::kPacked, m, n, k,
                         x.data_ptr<float>(), k, packed.data_ptr<float>(), k, beta,
-                        c.data_ptr<float>(), c.stride(0));
-  return c;
+                        out.data_ptr<float>(), n);
+  return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mkl_packing", &mkl_packing);
   m.def("mkl_pack", &mkl_pack, py::arg("weight"), py::arg("rows_hint"));
   m.def("mkl_linear", &mkl_linear, py::arg("x"), py::arg("packed"), py::arg("n"),
-        py::arg("bias") = py::none(), py::arg("out") = py::none());
+        py::arg("bias") = py::none());
   m.def("attention", &attention);
   m.def("silu_mul", &silu_mul, py::arg("gate"), py::arg("up"), py::arg("out"),
         py::arg("gate_bias") = py::none(), py::arg("up_bias") = py::none());

@@ -5,9 +5,7 @@ The activation and the product are done in place, or, in fp32 on the CPU where v
 kernels are built, by one `silu_mul` pass (1.5x faster than PyTorch's two at 284 rows;
 `benchmarks/cpu_kernels.py`). Where gate and up are one weight (`fused_gate_up`: the decoder's
 packed copy, models/packing.py, or a `StackedLinear`), they are one matmul whose result holds
-both as views. More than `CHUNK_ROWS` (256) rows run in row chunks, the whole MLP chunk by
-chunk: a chunk's [256, 2I] intermediates stay in the CPU's cache between the matmuls and the
-activation, and the matmuls run faster per row at a few hundred rows than at thousands.
+both as views.
 
 Qwen2.5-VL's vision blocks run their MLP over every patch (4,096 for a 1,024-token image) in
 transformers' own forward: two matmuls with biases, an activation and a product, each writing a
@@ -24,7 +22,6 @@ import torch
 import torch.nn.functional as F
 
 from vlcache.kernels import cpu_kernels, usable
-from vlcache.models.packing import row_chunks
 
 SILU_CLASSES = {"SiLU", "SiLUActivation"}  # torch's and transformers' (F.silu in both)
 
@@ -37,21 +34,7 @@ def is_gated(mlp: torch.nn.Module) -> bool:
 
 def gated_mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:  # [c, H] -> [c, H]
     """`mlp`'s gated MLP as the model computes it (it has `down_proj`, `act_fn`, and
-    `gate_proj` / `up_proj` or a `fused_gate_up`), over at most `CHUNK_ROWS` rows at a time:
-    each chunk's [rows, 2I] intermediates stay in the CPU's cache between the matmuls and the
-    activation."""
-    chunks = row_chunks(x.shape[0])
-    if len(chunks) == 1:
-        return _gated_mlp_rows(mlp, x)
-    first = _gated_mlp_rows(mlp, x[chunks[0]])  # [chunk, H]
-    out = first.new_empty(x.shape[0], first.shape[-1])  # [c, H]
-    out[chunks[0]] = first
-    for rows in chunks[1:]:
-        out[rows] = _gated_mlp_rows(mlp, x[rows])
-    return out
-
-
-def _gated_mlp_rows(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:  # [c, H] -> [c, H]
+    `gate_proj` / `up_proj` or a `fused_gate_up`)."""
     act, down = mlp.act_fn, mlp.down_proj
     silu = type(act).__name__ in SILU_CLASSES
     fused = getattr(mlp, "fused_gate_up", None)

@@ -9,16 +9,14 @@ are packed once after loading; their results differ from the plain matmul's by r
 Two packed layouts, each fastest somewhere (fp32, one thread, 24 layers' weights in turn,
 `benchmarks/packed_linear.py --layers 24`, docs/bench/README.md "Packed weights"): oneDNN's
 reordered weight for 2-25 rows, and MKL's own packed format (`cblas_sgemm_pack`, through
-vlcache's CPU kernels) for 26 rows or more (7-16% faster than oneDNN's from 70 rows) and for
-one row (a decode step: 4% faster than oneDNN's; the plain weight would be 7% faster still).
+vlcache's CPU kernels) for 26 rows or more (9-17% faster than oneDNN's from 70 rows) and for
+one row (a decode step: 6% faster than oneDNN's; the plain weight would be 6% faster still).
 The fp32 default (`dual`) holds both, so the decoder's weights are held twice. Where MKL's
 packing is not there (the kernels off or unbuilt, another BLAS, bf16), `dual` keeps the plain
 weight instead, for one row and for 257 rows or more (oneDNN's packed matmul steps up at 257
 rows). `packed` holds only oneDNN's copy (no extra memory); `off` packs nothing. For bf16 the
 plain and oneDNN weights run at the same speed for many rows, so there `auto` packs for
-oneDNN only. The second copy runs more than `CHUNK_ROWS` rows 256 at a time: MKL's sgemm is
-faster per row at a few hundred rows than at thousands (so are the gated MLP's chunks,
-models/mlp.py).
+oneDNN only.
 
 Projections of the same input are packed as one weight (`FusedPackedLinear`: q/k/v, and the
 MLP's gate/up): for a few rows the time goes to reading the weights, and one call reads them a
@@ -36,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from vlcache.kernels import cpu_kernels
 
@@ -44,16 +43,8 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 PACKING_MODES = ("auto", "dual", "packed", "off")
 MKL_ROWS = 26  # dual with MKL's packing: one row and this many or more take it, oneDNN the rest
 PLAIN_ROWS = 257  # dual without it: one row and this many or more take the plain weight
-CHUNK_ROWS = 256  # the outer weight runs more rows than this in chunks of this many (below)
 MKL_ROWS_HINT = 4096  # the row count MKL packs for (its blocking; packed for 64 rows, 257-4,109
 #                       rows run 3-12% slower); any row count may use the result
-
-
-def row_chunks(rows: int, chunk: int | None = None) -> list[slice]:
-    """`rows` rows as consecutive slices of at most `chunk` (default `CHUNK_ROWS`)."""
-    chunk = chunk or CHUNK_ROWS
-    return [slice(start, min(start + chunk, rows)) for start in range(0, rows, chunk)] or [
-        slice(0, 0)]
 
 
 def can_pack(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -97,16 +88,10 @@ class OuterRows(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None
                 ) -> torch.Tensor:  # [..., in] -> [..., out]
-        flat = x.reshape(-1, x.shape[-1])  # [rows, in]
-        out = flat.new_empty(flat.shape[0], self.out_features)  # [rows, out]
-        for rows in row_chunks(flat.shape[0]):
-            if self.mkl is not None:
-                cpu_kernels().mkl_linear(flat[rows].contiguous(), self.mkl,  # type: ignore[union-attr]
-                                         self.out_features, bias, out[rows])
-            elif bias is not None:
-                torch.addmm(bias, flat[rows], self.weight.T, out=out[rows])
-            else:
-                torch.mm(flat[rows], self.weight.T, out=out[rows])
+        if self.mkl is None:
+            return F.linear(x, self.weight, bias)
+        flat = x.reshape(-1, x.shape[-1]).contiguous()  # [rows, in]
+        out = cpu_kernels().mkl_linear(flat, self.mkl, self.out_features, bias)  # type: ignore[union-attr]
         return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
