@@ -43,8 +43,8 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 PACKING_MODES = ("auto", "dual", "packed", "off")
 MKL_ROWS = 26  # dual with MKL's packing: one row and this many or more take it, oneDNN the rest
 PLAIN_ROWS = 257  # dual without it: one row and this many or more take the plain weight
-MKL_ROWS_HINT = 4096  # the row count MKL packs for (its blocking; packed for 64 rows, 257-4,109
-#                       rows run 3-12% slower); any row count may use the result
+MKL_ROWS_HINT = 4096  # the row count MKL packs for (its blocking: packed for 64 rows, thousands
+#                       of rows ran slower); any row count may use the result
 
 
 def can_pack(device: torch.device | str, dtype: torch.dtype) -> bool:
