@@ -212,8 +212,8 @@ bool mkl_packing() {
 // weight [n, k] (nn.Linear's layout), packed for products with `rows_hint` input rows (MKL
 // picks its blocking by it; any row count may use the result) -> an opaque float32 buffer that
 // must stay where it is (MKL's layout depends on its address's alignment: never copy it).
-// The buffer is its own anonymous mapping: MKL asks for up to 3.6x the weight's bytes here but
-// writes about the weight's size, and pages never written are never resident (from the heap,
+// The buffer is its own anonymous mapping: MKL asks for several times the bytes of a small
+// weight but writes about the weight's size, and pages never written are never resident (from the heap,
 // reused pages would be).
 torch::Tensor mkl_pack(const torch::Tensor& weight, int64_t rows_hint) {
   TORCH_CHECK(mkl_packing(), "this BLAS has no cblas_sgemm_pack");
